@@ -1,0 +1,1 @@
+"""Reading, describing and writing Kimi K2 checkpoints (safetensors shards + config)."""

@@ -1,0 +1,54 @@
+"""Error types shared by every stage.
+
+Every error a user can cause names the file, the tensor and what was expected, and maps to a
+distinct process exit code so CI jobs can gate on it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class KimiNvfp4Error(Exception):
+    """Base class: a problem the user can act on (bad input, failed gate, refused operation)."""
+
+    exit_code = 2
+
+
+class CheckpointError(KimiNvfp4Error):
+    """A checkpoint file or tensor is missing, malformed or not what the config promises."""
+
+    exit_code = 3
+
+    def __init__(self, message: str, *, file: str | Path | None = None, tensor: str | None = None):
+        self.file = str(file) if file is not None else None
+        self.tensor = tensor
+        where = []
+        if self.file:
+            where.append(f"file {self.file}")
+        if tensor:
+            where.append(f"tensor {tensor}")
+        prefix = f"{', '.join(where)}: " if where else ""
+        super().__init__(prefix + message)
+
+
+class UnsupportedCheckpointError(CheckpointError):
+    """The checkpoint is readable but in a format or quantization scheme we refuse to convert."""
+
+
+class OutputError(KimiNvfp4Error):
+    """The output location is unusable (holds other content, settings differ, disk full)."""
+
+    exit_code = 4
+
+
+class GateFailure(KimiNvfp4Error):
+    """A validation or serving gate failed; the report says which and by how much."""
+
+    exit_code = 1
+
+
+class DeviceError(KimiNvfp4Error):
+    """Asked-for hardware is absent or does not fit (no CUDA, wrong GPU for a serving profile)."""
+
+    exit_code = 5
