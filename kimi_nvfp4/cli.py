@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "run": "kimi_nvfp4.pipeline.cli:run_command",
     "demo": "kimi_nvfp4.pipeline.cli:demo_command",
     "build-demo-model": "kimi_nvfp4.demo_model.cli:build_demo_model_command",
+    "data": "kimi_nvfp4.data.cli:data_command",
 }
 
 _SHORT_HELP = {
@@ -39,6 +40,7 @@ _SHORT_HELP = {
     "run": "Run convert -> calibrate -> validate [-> serve-check] [-> publish].",
     "demo": "Run the whole pipeline on the bundled tiny K2 model on CPU.",
     "build-demo-model": "Train and export the bundled tiny K2 checkpoint (reproducible).",
+    "data": "Generate, inspect and split coding-agent session data.",
 }
 
 

@@ -12,6 +12,7 @@ import torch
 from .constants import INT4_BITS, INT4_GROUP_SIZE, INT4_MAX, INT4_MIN, INT4_OFFSET, INT4_PER_INT32
 
 _NIBBLE_MASK = 0xF
+_PAD_NIBBLE = 0
 
 
 def _shifts(device: torch.device) -> torch.Tensor:
@@ -41,7 +42,9 @@ def pack_int4(codes: torch.Tensor) -> torch.Tensor:
     pad = (-in_features) % INT4_PER_INT32
     nibbles = (codes.to(torch.int64) + INT4_OFFSET)
     if pad:
-        nibbles = torch.nn.functional.pad(nibbles, (0, pad), value=INT4_OFFSET)
+        # compressed-tensors' pack_to_int32 pads with nibble 0 (after the offset); do the same so that
+        # packed words are byte-identical for widths that are not a multiple of 8.
+        nibbles = torch.nn.functional.pad(nibbles, (0, pad), value=_PAD_NIBBLE)
     nibbles = nibbles.reshape(out_features, -1, INT4_PER_INT32) << _shifts(codes.device).to(torch.int64)
     words = nibbles.sum(dim=-1)  # disjoint bit fields: sum == bitwise or
     # Reinterpret the low 32 bits as signed int32 (bit 31 set when the top nibble >= 8).

@@ -1,1 +1,6 @@
-"""synth."""
+"""Synthetic Kimi K2 INT4 checkpoints in the real layouts (for tests and benchmarks)."""
+
+from .checkpoint import create_synthetic_checkpoint, make_tiny_k2, plan_synthetic_checkpoint, shard_file_name
+from .configs import KIMI_VOCAB_SIZE, PRESETS
+
+__all__ = ["create_synthetic_checkpoint", "make_tiny_k2", "plan_synthetic_checkpoint", "shard_file_name", "KIMI_VOCAB_SIZE", "PRESETS"]

@@ -1,0 +1,113 @@
+"""Benchmark calibration on K2.6-shaped layers and project the whole-model time.
+
+Builds (or reuses) a synthetic K2.6-shaped INT4 checkpoint with `--layers` decoder layers (layer 0
+dense, the rest MoE with 384 experts x 2048, hidden 7168), converts it, then times the calibrate
+layer loop (observe W4A16 + advance W4A4 per MoE layer) over `--samples` x `--seq-len` tokens.
+Projection for Kimi K2.6: first_k_dense_replace dense layers + 60 MoE layers at the measured
+per-layer times. Writes JSON (and prints a table); run on the H200 with `--device cuda`:
+
+    python bench/bench_calibrate.py --device cuda --work-dir /tmp/kimi_bench --json bench_calibrate.json
+
+Tokens are random ids by default (routing on synthetic weights is arbitrary anyway); `--data SPEC`
+renders real sessions with the synthetic checkpoint's tokenizer instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from kimi_nvfp4.calibrate import ExpertPolicy
+from kimi_nvfp4.calibrate.api import run_calibration
+from kimi_nvfp4.calibrate.device import resolve_device
+from kimi_nvfp4.checkpoint.reader import CheckpointReader
+from kimi_nvfp4.convert.api import convert_checkpoint
+from kimi_nvfp4.synth import create_synthetic_checkpoint
+
+K26_LAYERS = 61
+K26_DENSE_LAYERS = 1
+
+
+def prepare(work: Path, preset: str, layers: int, device: str) -> tuple[Path, Path]:
+    src, out = work / f"{preset}_{layers}l_int4", work / f"{preset}_{layers}l_nvfp4"
+    if not (src / "config.json").exists():
+        t = time.perf_counter()
+        create_synthetic_checkpoint(src, preset=preset, layers=layers, progress=True)
+        print(f"synth: {time.perf_counter() - t:.1f} s")
+    if not (out / "kimi_nvfp4_manifest.json").exists():
+        t = time.perf_counter()
+        convert_checkpoint(src, out, device=device, progress=True)
+        print(f"convert: {time.perf_counter() - t:.1f} s")
+    return src, out
+
+
+def sequences(reader: CheckpointReader, out: Path, samples: int, seq_len: int, data: str | None, seed: int):
+    if data:
+        from kimi_nvfp4.calibrate.samples import DataPart, load_sample_set
+
+        return load_sample_set(out, data, part=DataPart.CALIBRATION, samples=samples, seq_len=seq_len,
+                               seed=seed).sequences
+    g = torch.Generator().manual_seed(seed)
+    vocab = reader.layout.text.vocab_size
+    return [torch.randint(0, vocab, (seq_len,), generator=g) for _ in range(samples)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--work-dir", type=Path, default=Path("/tmp/kimi_nvfp4_bench"))
+    ap.add_argument("--preset", default="k2.6", help="synthetic preset (k2.6 = real K2.6 dimensions; tiny for a smoke run)")
+    ap.add_argument("--layers", type=int, default=2, help="decoder layers to build (layer 0 dense, rest MoE)")
+    ap.add_argument("--samples", type=int, default=512)
+    ap.add_argument("--seq-len", type=int, default=2048)
+    ap.add_argument("--policy", default=ExpertPolicy.PEER_MAX.value, choices=[p.value for p in ExpertPolicy])
+    ap.add_argument("--min-expert-tokens", type=int, default=32)
+    ap.add_argument("--max-chunk-tokens", type=int, default=None)
+    ap.add_argument("--states-device", default=None)
+    ap.add_argument("--data", default=None, help="render real sessions (calibrate --data spec) instead of random ids")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, default=Path("bench_calibrate.json"))
+    args = ap.parse_args()
+
+    dev = resolve_device(args.device)
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    _src, out = prepare(args.work_dir, args.preset, args.layers, str(dev))
+    reader = CheckpointReader(out)
+    cfg = reader.layout.text
+    seqs = sequences(reader, out, args.samples, args.seq_len, args.data, args.seed)
+    tokens = sum(int(s.numel()) for s in seqs)
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    t = time.perf_counter()
+    run = run_calibration(reader, seqs, policy=ExpertPolicy(args.policy), min_expert_tokens=args.min_expert_tokens,
+                          device=dev, max_chunk_tokens=args.max_chunk_tokens, states_device=args.states_device)
+    total = time.perf_counter() - t
+    dense = [s for i, s in enumerate(run.layer_seconds) if not cfg.is_moe_layer(i)]
+    moe = [s for i, s in enumerate(run.layer_seconds) if cfg.is_moe_layer(i)]
+    per_moe = sum(moe) / len(moe) if moe else 0.0
+    per_dense = sum(dense) / len(dense) if dense else 0.0
+    projected = K26_DENSE_LAYERS * per_dense + (K26_LAYERS - K26_DENSE_LAYERS) * per_moe
+    result = {
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu",
+        "preset": args.preset, "hidden_size": cfg.hidden_size, "experts": cfg.n_routed_experts,
+        "samples": len(seqs), "seq_len": args.seq_len, "tokens": tokens, "policy": args.policy,
+        "max_chunk_tokens": args.max_chunk_tokens,
+        "layer_seconds": run.layer_seconds, "dense_layer_seconds": per_dense, "moe_layer_seconds": per_moe,
+        "moe_layer_tokens_per_second": tokens / per_moe if per_moe else None,
+        "total_seconds": total,
+        "projected_k26_61_layers_seconds": projected,
+        "projected_k26_61_layers_minutes": projected / 60,
+        "goal_minutes": 30,
+        "peak_gpu_memory_gib": torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None,
+    }
+    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "layer_seconds"}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

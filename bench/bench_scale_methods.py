@@ -1,0 +1,203 @@
+"""Benchmark NVFP4 scale-selection methods on synthetic Kimi K2.6-shaped INT4 experts.
+
+Synthetic experts: gate/up [2048, 7168], down [7168, 2048]; weights ~ N(0, 1) times a per-row
+log-normal spread (sigma 0.3), quantized per group of 32 as compressed-tensors does for symmetric
+int4: scale = absmax / 7.5 rounded to bf16, code = clamp(round(w / scale), -8, 7). So codes are
+roughly Gaussian with +-7/-8 at each group's maximum, as in a round-to-nearest INT4 checkpoint.
+
+Reports per method: relative MSE against the exact INT4 values (sum sq. error / sum sq.), ratio to
+`amax`, fraction of values reproduced exactly, the worst tensor, and conversion speed (params/s).
+Also Model Optimizer itself on the BF16-dequantized weights: NVFP4QTensor default, and its
+NVFP4_W4A4_WEIGHT_MSE_FP8_SWEEP_CFG calibration when it runs on this device.
+
+    python bench/bench_scale_methods.py --device cpu --experts 1 --rows 256
+    python bench/bench_scale_methods.py --device cuda --experts 8 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from kimi_nvfp4.numerics.methods import Int4Matrix, MatrixErrorStats, ScaleMethod, error_stats, quantize_int4_matrices
+from kimi_nvfp4.numerics.nvfp4 import NVFP4Tensor, dequantize_nvfp4
+
+HIDDEN = 7168
+MOE_INTERMEDIATE = 2048
+INT4_SYMMETRIC_DIVISOR = 7.5  # compressed-tensors: scale = absmax / ((qmax - qmin) / 2)
+ROW_SPREAD_SIGMA = 0.3
+
+
+def synthetic_int4(rows: int, cols: int, gen: torch.Generator, device: str) -> Int4Matrix:
+    w = torch.randn(rows, cols, generator=gen) * torch.exp(torch.randn(rows, 1, generator=gen) * ROW_SPREAD_SIGMA)
+    groups = w.reshape(rows, -1, 32)
+    scale = (groups.abs().amax(-1) / INT4_SYMMETRIC_DIVISOR).to(torch.bfloat16).to(torch.float32)
+    codes = torch.clamp(torch.round(groups / scale.unsqueeze(-1)), -8, 7).to(torch.int8).reshape(rows, cols)
+    return Int4Matrix(codes, scale).to(device)
+
+
+def synthetic_experts(n: int, rows: int | None, seed: int, device: str) -> list[dict[str, Int4Matrix]]:
+    gen = torch.Generator().manual_seed(seed)
+    experts = []
+    for _ in range(n):
+        up_rows = min(rows or MOE_INTERMEDIATE, MOE_INTERMEDIATE)
+        down_rows = min(rows or HIDDEN, HIDDEN)
+        experts.append(
+            {
+                "gate_proj": synthetic_int4(up_rows, HIDDEN, gen, device),
+                "up_proj": synthetic_int4(up_rows, HIDDEN, gen, device),
+                "down_proj": synthetic_int4(down_rows, MOE_INTERMEDIATE, gen, device),
+            }
+        )
+    return experts
+
+
+@dataclass
+class Row:
+    method: str
+    stats: list[tuple[str, MatrixErrorStats]] = field(default_factory=list)
+    seconds: float = 0.0
+    note: str = ""
+
+    def summary(self, amax_rel: float | None) -> dict:
+        pooled = MatrixErrorStats.pooled([s for _, s in self.stats])
+        worst_name, worst = max(self.stats, key=lambda kv: kv[1].rel_mse)
+        return {
+            "method": self.method,
+            "rel_mse": pooled.rel_mse,
+            "ratio_to_amax": pooled.rel_mse / amax_rel if amax_rel else 1.0,
+            "exact_fraction": pooled.exact_fraction,
+            "worst_tensor": worst_name,
+            "worst_rel_mse": worst.rel_mse,
+            "params_per_s": pooled.numel / self.seconds if self.seconds else float("nan"),
+            "note": self.note,
+        }
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_method(experts, method: ScaleMethod, device: str) -> Row:
+    row = Row(method.value)
+    for e, mats in enumerate(experts):
+        groups = [("gate_proj", "up_proj"), ("down_proj",)]
+        for names in groups:
+            _sync(device)
+            start = time.perf_counter()
+            out = quantize_int4_matrices([mats[n] for n in names], method)
+            _sync(device)
+            row.seconds += time.perf_counter() - start
+            for n, q in zip(names, out):
+                row.stats.append((f"experts.{e}.{n}", error_stats(mats[n], q)))
+    return row
+
+
+def _as_nvfp4(packed, scale, scale_2) -> NVFP4Tensor:
+    return NVFP4Tensor(packed._quantized_data, scale, scale_2.float().reshape(()))
+
+
+def run_modelopt_default(experts, device: str) -> Row:
+    """NVFP4QTensor.quantize on the BF16 dequantized weights (gate/up share weights_scaling_factor_2)."""
+    from modelopt.torch.quantization.qtensor.nvfp4_tensor import NVFP4QTensor
+
+    row = Row("modelopt NVFP4QTensor (bf16)")
+    for e, mats in enumerate(experts):
+        for names in (("gate_proj", "up_proj"), ("down_proj",)):
+            bf16 = {n: mats[n].values().to(torch.bfloat16) for n in names}
+            _sync(device)
+            start = time.perf_counter()
+            shared = torch.stack([bf16[n].abs().amax().float() for n in names]).amax() / (6 * 448)
+            results = {n: NVFP4QTensor.quantize(bf16[n], 16, weights_scaling_factor_2=shared) for n in names}
+            _sync(device)
+            row.seconds += time.perf_counter() - start
+            for n in names:
+                row.stats.append((f"experts.{e}.{n}", error_stats(mats[n], _as_nvfp4(*results[n]))))
+    return row
+
+
+def run_modelopt_sweep(experts, device: str) -> Row:
+    """Model Optimizer's NVFP4_W4A4_WEIGHT_MSE_FP8_SWEEP_CFG weight calibration on a BF16 nn.Linear."""
+    import modelopt.torch.quantization as mtq
+    from modelopt.torch.quantization.qtensor.nvfp4_tensor import NVFP4QTensor
+
+    cfg = getattr(mtq, "NVFP4_W4A4_WEIGHT_MSE_FP8_SWEEP_CFG", None)
+    if cfg is None:
+        raise RuntimeError("this nvidia-modelopt has no NVFP4_W4A4_WEIGHT_MSE_FP8_SWEEP_CFG")
+    row = Row("modelopt MSE FP8 sweep (bf16)")
+    for e, mats in enumerate(experts):
+        for n, m in mats.items():
+            layer = torch.nn.Linear(m.shape[1], m.shape[0], bias=False, dtype=torch.bfloat16, device=device)
+            with torch.no_grad():
+                layer.weight.copy_(m.values().to(torch.bfloat16))
+            model = torch.nn.Sequential(layer)
+            x = torch.randn(4, m.shape[1], dtype=torch.bfloat16, device=device)
+            _sync(device)
+            start = time.perf_counter()
+            mtq.quantize(model, cfg, forward_loop=lambda mod: mod(x))
+            quantizer = model[0].weight_quantizer
+            scale, scale_2 = NVFP4QTensor.get_weights_scaling_factor_from_quantizer(quantizer, model[0].weight)
+            packed, scale, scale_2 = NVFP4QTensor.quantize(
+                model[0].weight, 16, weights_scaling_factor=scale, weights_scaling_factor_2=scale_2
+            )
+            _sync(device)
+            row.seconds += time.perf_counter() - start
+            row.stats.append((f"experts.{e}.{n}", error_stats(m, _as_nvfp4(packed, scale, scale_2))))
+    row.note = "per matrix (no shared gate/up scale)"
+    return row
+
+
+def format_table(rows: list[dict]) -> str:
+    header = "| method | rel MSE | × amax | exact codes | worst tensor (rel MSE) | Mparams/s |"
+    lines = [header, "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['method']} | {r['rel_mse']:.5f} | {r['ratio_to_amax']:.3f} | {r['exact_fraction']:.4f} | "
+            f"{r['worst_tensor']} ({r['worst_rel_mse']:.5f}) | {r['params_per_s'] / 1e6:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--experts", type=int, default=1, help="synthetic experts (3 matrices each)")
+    parser.add_argument("--rows", type=int, default=None, help="keep only the first ROWS output rows (faster)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--skip", nargs="*", default=[], help="methods to skip: amax int4-aware sweep modelopt modelopt-sweep")
+    parser.add_argument("--json", default=None, help="also write the results as JSON here")
+    args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("error: --device cuda but no CUDA device", file=sys.stderr)
+        return 5
+    experts = synthetic_experts(args.experts, args.rows, args.seed, args.device)
+    rows: list[Row] = []
+    for method in ScaleMethod:
+        if method.value not in args.skip:
+            rows.append(run_method(experts, method, args.device))
+    if "modelopt" not in args.skip:
+        rows.append(run_modelopt_default(experts, args.device))
+    if "modelopt-sweep" not in args.skip:
+        try:
+            rows.append(run_modelopt_sweep(experts, args.device))
+        except Exception as exc:  # report why the reference could not run instead of failing the bench
+            print(f"modelopt MSE sweep not measured: {type(exc).__name__}: {exc}", file=sys.stderr)
+    amax_rel = next((MatrixErrorStats.pooled([s for _, s in r.stats]).rel_mse for r in rows if r.method == "amax"), None)
+    summaries = [r.summary(amax_rel) for r in rows]
+    device_name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    print(f"device {device_name}, {args.experts} expert(s), rows {args.rows or 'full'}, torch {torch.__version__}")
+    print(format_table(summaries))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": device_name, "experts": args.experts, "rows": args.rows, "results": summaries}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

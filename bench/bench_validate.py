@@ -1,0 +1,110 @@
+"""Benchmark validate on K2.6-shaped layers and project the whole-model time on 512 held-out sessions.
+
+Builds (or reuses) a synthetic K2.6-shaped checkpoint (`--layers` layers: layer 0 dense, the rest
+MoE), converts it, calibrates it quickly (a few sequences; the scales only need to exist), then
+times the validate pieces separately: the structural scan, the per-layer side-by-side run (INT4
+stream + one NVFP4 stream per mode, weight check and per-expert errors included), and the logits
+comparison. Projection for K2.6 = 1 dense + 60 MoE layers at the measured per-layer times, plus
+logits and the structure scan scaled by tensor bytes. Run on the H200:
+
+    python bench/bench_validate.py --device cuda --work-dir /tmp/kimi_bench --json bench_validate.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from kimi_nvfp4.calibrate import ExpertPolicy
+from kimi_nvfp4.calibrate.api import run_calibration
+from kimi_nvfp4.calibrate.device import resolve_device
+from kimi_nvfp4.calibrate.shard import INPUT_SCALES_SHARD, install_input_scales
+from kimi_nvfp4.checkpoint.reader import CheckpointReader
+from kimi_nvfp4.model.linear import ActivationMode
+from kimi_nvfp4.model.nvfp4_linears import InputScaleReduction
+from kimi_nvfp4.validate import DEFAULT_GATES
+from kimi_nvfp4.validate.api import compare_streams
+from kimi_nvfp4.validate.structure import check_structure
+
+K26_LAYERS = 61
+K26_DENSE_LAYERS = 1
+K26_CHECKPOINT_BYTES = 595e9
+CALIBRATION_SEQUENCES = 8
+
+
+def main() -> None:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bench_calibrate import prepare, sequences
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--work-dir", type=Path, default=Path("/tmp/kimi_nvfp4_bench"))
+    ap.add_argument("--preset", default="k2.6")
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--samples", type=int, default=512)
+    ap.add_argument("--seq-len", type=int, default=2048)
+    ap.add_argument("--modes", default="w4a4,w4a16")
+    ap.add_argument("--max-chunk-tokens", type=int, default=None)
+    ap.add_argument("--states-device", default=None)
+    ap.add_argument("--data", default=None)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json", type=Path, default=Path("bench_validate.json"))
+    args = ap.parse_args()
+
+    dev = resolve_device(args.device)
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    src, out = prepare(args.work_dir, args.preset, args.layers, str(dev))
+    reader = CheckpointReader(out)
+    if INPUT_SCALES_SHARD not in set(reader.weight_map.values()):
+        calib = sequences(reader, out, CALIBRATION_SEQUENCES, min(args.seq_len, 512), None, 0)
+        run = run_calibration(reader, calib, policy=ExpertPolicy.PEER_MAX, min_expert_tokens=1, device=dev)
+        install_input_scales(out, run.scales, stage_settings={"bench": True})
+        reader = CheckpointReader(out)
+    src_reader = CheckpointReader(src)
+    cfg = reader.layout.text
+
+    t = time.perf_counter()
+    structure = check_structure(reader, src_reader)
+    structure_seconds = time.perf_counter() - t
+    checkpoint_bytes = sum(i.nbytes for i in reader.tensors.values())
+
+    seqs = sequences(reader, out, args.samples, args.seq_len, args.data, args.seed)
+    tokens = sum(int(s.numel()) for s in seqs)
+    modes = [ActivationMode(m) for m in args.modes.split(",")]
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    t = time.perf_counter()
+    result = compare_streams(src_reader, reader, seqs, modes=modes, reduction=InputScaleReduction.LAYER_MAX,
+                             device=dev, flag_rel_mse=DEFAULT_GATES.weight_rel_mse_max,
+                             max_chunk_tokens=args.max_chunk_tokens, states_device=args.states_device)
+    total = time.perf_counter() - t
+    moe = [s for i, s in enumerate(result.layer_seconds) if cfg.is_moe_layer(i)]
+    dense = [s for i, s in enumerate(result.layer_seconds) if not cfg.is_moe_layer(i)]
+    per_moe = sum(moe) / len(moe) if moe else 0.0
+    per_dense = sum(dense) / len(dense) if dense else 0.0
+    projected = (K26_DENSE_LAYERS * per_dense + (K26_LAYERS - K26_DENSE_LAYERS) * per_moe + result.logits_seconds
+                 + structure_seconds * K26_CHECKPOINT_BYTES / checkpoint_bytes)
+    report = {
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        "preset": args.preset, "layers": cfg.num_hidden_layers, "samples": len(seqs), "seq_len": args.seq_len,
+        "tokens": tokens, "modes": [m.value for m in modes], "max_chunk_tokens": args.max_chunk_tokens,
+        "structure_seconds": structure_seconds, "structure_passed": structure.passed,
+        "checkpoint_bytes": checkpoint_bytes,
+        "layer_seconds": result.layer_seconds, "dense_layer_seconds": per_dense, "moe_layer_seconds": per_moe,
+        "logits_seconds": result.logits_seconds, "total_seconds": total,
+        "projected_k26_61_layers_seconds": projected, "projected_k26_61_layers_minutes": projected / 60,
+        "end_to_end": [e.model_dump(exclude={"kl_histogram_edges", "kl_histogram_counts"}) for e in result.end_to_end],
+        "peak_gpu_memory_gib": torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None,
+    }
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in report.items() if k != "layer_seconds"}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

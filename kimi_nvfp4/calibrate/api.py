@@ -1,0 +1,256 @@
+"""`calibrate_checkpoint`: static activation scales (`input_scale`) for every NVFP4 linear.
+
+Per decoder layer L (the served model is emulated throughout: earlier layers already W4A4 with the
+scales just computed, SGLang's input-scale reduction applied):
+1. observe: run layer L with its NVFP4 weights and UNquantized activations (W4A16), recording the
+   input amax / per-channel mean square of every linear, routed-token counts per expert, and for
+   `route-all` also every token through every expert (statistics only);
+2. choose: per expert one amax for gate/up (shared) and one for down, applying the policy for
+   experts with fewer than `min_expert_tokens` tokens; scale = amax / (6 * 448);
+3. advance: run layer L again, W4A4 with those scales, to produce layer L+1's input.
+Memory: one layer's weights plus the calibration hidden states.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+import torch
+from tqdm.auto import tqdm
+
+from ..checkpoint.reader import CheckpointReader
+from ..checkpoint.writer import ShardWriter
+from ..model import LayerStreamRunner, NVFP4Weights
+from .device import resolve_device, synchronize
+from .pairing import require_converted, require_matching_source
+from .policy import (
+    DEFAULT_EXPERT_POLICY,
+    DEFAULT_MIN_EXPERT_TOKENS,
+    EXPERT_INPUT_GROUPS,
+    ExpertPolicy,
+    choose_expert_amax,
+    input_scale_from_amax,
+)
+from .report import (
+    CalibrationReport,
+    CalibrationSettings,
+    ExpertCalibration,
+    LayerCalibration,
+    LinearRange,
+    write_calibration_report,
+)
+from .samples import HELDOUT_FRACTION, DataPart, load_sample_set
+from .shard import CALIBRATE_STAGE, install_input_scales, require_no_misplaced_input_scales
+from .stats import ActivationCollector
+
+DEFAULT_SAMPLES = 512
+DEFAULT_SEQ_LEN = 2048
+# Reports and per-layer statistics go here, inside the output folder.
+CALIBRATION_DIR = "calibration"
+ACTIVATION_STATS_DIR = "activation_stats"
+
+
+def quantized_modules(reader: CheckpointReader, layer: int) -> list[str]:
+    """NVFP4 linears of one layer, as module names without the layer prefix (`mlp.experts.3.up_proj`)."""
+    prefix = reader.layout.layer_prefix(layer)
+    return sorted(
+        n[len(prefix) : -len(".weight_scale_2")]
+        for n in reader.weight_map
+        if n.startswith(prefix) and n.endswith(".weight_scale_2")
+    )
+
+
+def _expert_of(module: str) -> tuple[int, str] | None:
+    parts = module.split(".")
+    if len(parts) == 4 and parts[0] == "mlp" and parts[1] == "experts":
+        return int(parts[2]), parts[3]
+    return None
+
+
+def _layer_scales(
+    reader: CheckpointReader,
+    layer: int,
+    collector: ActivationCollector,
+    *,
+    policy: ExpertPolicy,
+    min_expert_tokens: int,
+) -> tuple[dict[str, torch.Tensor], LayerCalibration]:
+    """input_scale tensors (full names) for one layer's NVFP4 linears, and the layer's report entry."""
+    prefix = reader.layout.layer_prefix(layer)
+    modules = quantized_modules(reader, layer)
+    n_experts = reader.layout.text.n_routed_experts if reader.layout.text.is_moe_layer(layer) else 0
+    scales: dict[str, torch.Tensor] = {}
+    tokens = collector.tokens_per_expert(n_experts)
+    experts = None
+    entry = LayerCalibration(
+        layer=layer,
+        is_moe=n_experts > 0,
+        linears=[
+            LinearRange(module=m, amax=s.amax_value, tokens=s.tokens)
+            for (m, e), s in sorted(collector.routed.items(), key=lambda kv: kv[0][0])
+            if e is None
+        ],
+    )
+    if any(_expert_of(m) for m in modules):
+        chosen = choose_expert_amax(
+            collector.routed, collector.all_tokens, tokens, policy=policy, min_expert_tokens=min_expert_tokens
+        )
+        by = {(c.expert, c.group): c for c in chosen}
+        experts = ExpertCalibration(
+            tokens=tokens,
+            gate_up_amax=[by[(e, "gate_up")].amax for e in range(n_experts)],
+            down_amax=[by[(e, "down")].amax for e in range(n_experts)],
+            gate_up_source=[by[(e, "gate_up")].source for e in range(n_experts)],
+            down_source=[by[(e, "down")].source for e in range(n_experts)],
+        )
+        entry.experts = experts
+        entry.experts_below_min_tokens = sum(1 for t in tokens if t < min_expert_tokens)
+        entry.experts_without_tokens = sum(1 for t in tokens if t == 0)
+        entry.gate_up_amax_max = max(experts.gate_up_amax)
+        entry.down_amax_max = max(experts.down_amax)
+    for m in modules:
+        ep = _expert_of(m)
+        if ep is not None:
+            e, proj = ep
+            amax = by[(e, EXPERT_INPUT_GROUPS[proj])].amax
+        else:
+            stats = collector.routed.get((m, None))
+            amax = stats.amax_value if stats is not None else 0.0
+        scales[f"{prefix}{m}.input_scale"] = input_scale_from_amax(amax)
+    return scales, entry
+
+
+def _save_activation_stats(directory: Path, reader: CheckpointReader, layer: int, collector: ActivationCollector) -> None:
+    """Per quantized linear: input amax, per-channel mean square, token count (for later methods)."""
+    prefix = reader.layout.layer_prefix(layer)
+    wanted = set(quantized_modules(reader, layer))
+    writer = ShardWriter(directory / f"layer_{layer:03d}.safetensors", metadata={"layer": str(layer)})
+    for (module, _expert), stats in sorted(collector.routed.items(), key=lambda kv: kv[0][0]):
+        if module not in wanted:
+            continue
+        writer.add(f"{prefix}{module}.input_amax", stats.amax.detach().cpu().reshape(()))
+        writer.add(f"{prefix}{module}.input_mean_square", stats.mean_square())
+        writer.add(f"{prefix}{module}.tokens", torch.tensor(stats.tokens, dtype=torch.int64))
+    if len(writer):
+        directory.mkdir(parents=True, exist_ok=True)
+        writer.commit()
+
+
+@dataclass
+class CalibrationRun:
+    """What the layer loop produced: the scales, the per-layer report entries, seconds per layer."""
+
+    scales: dict[str, torch.Tensor]
+    layers: list[LayerCalibration]
+    layer_seconds: list[float]
+
+
+def run_calibration(
+    reader: CheckpointReader,
+    sequences: list[torch.Tensor],
+    *,
+    policy: ExpertPolicy,
+    min_expert_tokens: int,
+    device: torch.device,
+    layers: Iterable[int] | None = None,
+    max_chunk_tokens: int | None = None,
+    states_device: str | torch.device | None = None,
+    stats_dir: Path | None = None,
+    progress: bool = True,
+) -> CalibrationRun:
+    """The observe / choose / advance loop over `layers` (default all) of the converted checkpoint."""
+    kw = {"device": device, "progress": False, "states_device": states_device}
+    if max_chunk_tokens is not None:
+        kw["max_chunk_tokens"] = max_chunk_tokens
+    observe = LayerStreamRunner(NVFP4Weights(reader, activations="w4a16"), **kw)
+    cfg = reader.layout.text
+    todo = list(range(cfg.num_hidden_layers) if layers is None else layers)
+    states = observe.embed(sequences)
+    collector = ActivationCollector(device=device)
+    run = CalibrationRun({}, [], [])
+    for layer in tqdm(todo, desc="calibrate: layers", disable=not progress):
+        t0 = time.perf_counter()
+        collector.start_layer(layer)
+        has_quantized = bool(quantized_modules(reader, layer))
+        collector.route_all = has_quantized and policy is ExpertPolicy.ROUTE_ALL and cfg.is_moe_layer(layer)
+        observed = observe.apply_layer(layer, states, observer=collector)
+        layer_scales, entry = _layer_scales(reader, layer, collector, policy=policy, min_expert_tokens=min_expert_tokens)
+        run.layers.append(entry)
+        if stats_dir is not None:
+            _save_activation_stats(stats_dir, reader, layer, collector)
+        if has_quantized:
+            del observed
+            run.scales.update(layer_scales)
+            advance = LayerStreamRunner(NVFP4Weights(reader, activations="w4a4", input_scales=layer_scales), **kw)
+            states = advance.apply_layer(layer, states)
+        else:
+            states = observed  # no NVFP4 linear: W4A16 and W4A4 agree
+        synchronize(device)
+        run.layer_seconds.append(time.perf_counter() - t0)
+    return run
+
+
+def calibrate_checkpoint(
+    output: str | Path,
+    source: str | Path,
+    data: str,
+    *,
+    samples: int = DEFAULT_SAMPLES,
+    seq_len: int = DEFAULT_SEQ_LEN,
+    seed: int = 0,
+    min_expert_tokens: int = DEFAULT_MIN_EXPERT_TOKENS,
+    policy: ExpertPolicy | str = DEFAULT_EXPERT_POLICY,
+    device: str | torch.device = "auto",
+    progress: bool = True,
+    max_chunk_tokens: int | None = None,
+    states_device: str | torch.device | None = None,
+    report_dir: str | Path | None = None,
+    save_activation_stats: bool = True,
+) -> CalibrationReport:
+    """Compute and install `input_scale` for every NVFP4 linear of the converted checkpoint `output`.
+
+    Checks everything (converted output, matching source, usable data) before computing, and
+    writes nothing unless the whole calibration succeeded.
+    """
+    started = time.perf_counter()
+    policy = ExpertPolicy(policy)
+    if min_expert_tokens < 0:
+        raise ValueError(f"min_expert_tokens must be >= 0, got {min_expert_tokens}")
+    output, source = Path(output), Path(source)
+    out_reader = CheckpointReader(output)
+    require_converted(out_reader)
+    require_matching_source(CheckpointReader(source), out_reader)
+    require_no_misplaced_input_scales(out_reader)
+    dev = resolve_device(device)
+    sample_set = load_sample_set(output, data, part=DataPart.CALIBRATION, samples=samples, seq_len=seq_len, seed=seed)
+    calib_dir = Path(report_dir) if report_dir is not None else output / CALIBRATION_DIR
+    run = run_calibration(
+        out_reader, sample_set.sequences, policy=policy, min_expert_tokens=min_expert_tokens, device=dev,
+        max_chunk_tokens=max_chunk_tokens, states_device=states_device,
+        stats_dir=calib_dir / ACTIVATION_STATS_DIR if save_activation_stats else None, progress=progress,
+    )
+    settings = CalibrationSettings(
+        data=data, samples=samples, seq_len=seq_len, seed=seed, min_expert_tokens=min_expert_tokens,
+        policy=policy.value, heldout_fraction=HELDOUT_FRACTION,
+    )
+    written = install_input_scales(
+        output, run.scales, stage_settings=settings.model_dump(),
+        stage_outputs={"report": str(calib_dir.relative_to(output)) if calib_dir.is_relative_to(output) else str(calib_dir)},
+    )
+    report = CalibrationReport(
+        checkpoint=str(output), source=str(source), settings=settings, device=str(dev),
+        sequences=len(sample_set.sequences), tokens=sample_set.tokens, conversations=sample_set.conversations,
+        records_skipped=sample_set.skipped, skip_reasons=sample_set.skip_reasons, input_scales=len(run.scales),
+        shard=written.file, shard_sha256=written.sha256, seconds=time.perf_counter() - started, layers=run.layers,
+    )
+    write_calibration_report(report, calib_dir)
+    return report
+
+
+__all__ = [
+    "CALIBRATE_STAGE", "DEFAULT_SAMPLES", "DEFAULT_SEQ_LEN", "CalibrationRun", "calibrate_checkpoint",
+    "quantized_modules", "run_calibration",
+]

@@ -1,0 +1,140 @@
+"""Streaming activation statistics for every linear the reference model runs.
+
+`ActivationStats` accumulates, over any number of token chunks, what calibration needs per linear:
+the input amax (what `input_scale` is made from), the per-input-channel sum of squares (kept for
+later activation-aware scale methods) and the token count. `ActivationCollector` is the
+`kimi_nvfp4.model` observer that feeds one `ActivationStats` per (module, expert), separating the
+statistics-only `route-all` passes from the tokens the router really sent.
+
+Everything stays on the device the model runs on until the layer is finished: no per-chunk
+host synchronisation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class ActivationStats:
+    """Input statistics of one linear, accumulated over token chunks."""
+
+    in_features: int
+    device: torch.device | str = "cpu"
+    tokens: int = 0
+    amax: torch.Tensor = field(init=False)  # fp32 0-d, max |x| seen
+    sum_sq: torch.Tensor = field(init=False)  # fp64 [in_features], sum over tokens of x^2
+
+    def __post_init__(self) -> None:
+        self.amax = torch.zeros((), dtype=torch.float32, device=self.device)
+        self.sum_sq = torch.zeros(self.in_features, dtype=torch.float64, device=self.device)
+
+    def update(self, x: torch.Tensor) -> None:
+        """Add a chunk of inputs `[tokens, in_features]` (any leading dims are flattened)."""
+        rows = x.reshape(-1, x.shape[-1])
+        if rows.shape[-1] != self.in_features:
+            raise ValueError(f"expected inputs with {self.in_features} features, got {rows.shape[-1]}")
+        if rows.shape[0] == 0:
+            return
+        rows = rows.to(device=self.amax.device, dtype=torch.float32)
+        self.amax = torch.maximum(self.amax, rows.abs().amax())
+        # Square in fp32 (exact enough per element), accumulate across chunks in fp64.
+        self.sum_sq += rows.square().sum(dim=0, dtype=torch.float64)
+        self.tokens += rows.shape[0]
+
+    def merge(self, other: "ActivationStats") -> None:
+        if other.in_features != self.in_features:
+            raise ValueError("cannot merge statistics of linears with different input widths")
+        self.amax = torch.maximum(self.amax, other.amax.to(self.amax.device))
+        self.sum_sq += other.sum_sq.to(self.sum_sq.device)
+        self.tokens += other.tokens
+
+    @property
+    def amax_value(self) -> float:
+        return float(self.amax)
+
+    def mean_square(self) -> torch.Tensor:
+        """Per-input-channel mean of x^2 (fp32 `[in_features]`; zeros when no token was seen)."""
+        if self.tokens == 0:
+            return torch.zeros(self.in_features, dtype=torch.float32)
+        return (self.sum_sq / self.tokens).to(torch.float32).cpu()
+
+
+StatsKey = tuple[str, int | None]  # (module name without prefix, expert index or None)
+
+
+class ActivationCollector:
+    """Observer for `LayerStreamRunner.apply_layer`: records input statistics of every linear.
+
+    `routed` statistics come from the tokens the router actually sent (what the served model sees);
+    `route_all` statistics come from the statistics-only pass in which every token also runs
+    through every expert (`route_all=True`); they never mix.
+    """
+
+    def __init__(self, *, route_all: bool = False, device: torch.device | str = "cpu"):
+        self.route_all = route_all
+        self.device = device
+        self.layer: int | None = None
+        self.routed: dict[StatsKey, ActivationStats] = {}
+        self.all_tokens: dict[StatsKey, ActivationStats] = {}
+        self.expert_tokens: torch.Tensor | None = None  # int64 [n_experts], router assignments
+        self.router_tokens = 0
+
+    def start_layer(self, layer: int) -> None:
+        """Forget the previous layer's statistics (the caller has consumed them)."""
+        self.layer = layer
+        self.routed = {}
+        self.all_tokens = {}
+        self.expert_tokens = None
+        self.router_tokens = 0
+
+    def _check_layer(self, layer: int) -> None:
+        if self.layer is None:
+            self.layer = layer
+        elif layer != self.layer:
+            raise RuntimeError(f"observer was set up for layer {self.layer} but saw layer {layer}")
+
+    # --- observer protocol (kimi_nvfp4.model.runner) ---------------------------------------
+    def on_linear(
+        self,
+        layer: int,
+        module: str,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        expert: int | None = None,
+        routed: bool = True,
+    ) -> None:
+        self._check_layer(layer)
+        table = self.routed if routed else self.all_tokens
+        key = (module, expert)
+        stats = table.get(key)
+        if stats is None:
+            stats = table[key] = ActivationStats(x.shape[-1], device=self.device)
+        stats.update(x)
+
+    def on_router(self, layer: int, topk_ids: torch.Tensor, topk_weights: torch.Tensor, n_experts: int | None = None) -> None:
+        self._check_layer(layer)
+        ids = topk_ids.reshape(-1).to(device=self.device, dtype=torch.int64)
+        size = max(int(n_experts or 0), int(ids.max()) + 1 if ids.numel() else 0)
+        counts = torch.bincount(ids, minlength=size)
+        if self.expert_tokens is None:
+            self.expert_tokens = counts
+        else:
+            if counts.numel() > self.expert_tokens.numel():
+                self.expert_tokens = torch.nn.functional.pad(
+                    self.expert_tokens, (0, counts.numel() - self.expert_tokens.numel())
+                )
+            elif counts.numel() < self.expert_tokens.numel():
+                counts = torch.nn.functional.pad(counts, (0, self.expert_tokens.numel() - counts.numel()))
+            self.expert_tokens += counts
+        self.router_tokens += topk_ids.shape[0]
+
+    def tokens_per_expert(self, n_experts: int) -> list[int]:
+        """Router assignments per expert for the current layer (zeros for experts never chosen)."""
+        out = [0] * n_experts
+        if self.expert_tokens is not None:
+            for e, c in enumerate(self.expert_tokens.tolist()[:n_experts]):
+                out[e] = int(c)
+        return out

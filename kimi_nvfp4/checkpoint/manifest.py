@@ -1,0 +1,87 @@
+"""`kimi_nvfp4_manifest.json`: what produced a converted checkpoint, and how far each stage got.
+
+Convert records its settings, every finished shard with its sha256 (so a re-run resumes and
+skips them), and per-matrix error statistics. Later stages add `stages[name]` records.
+Only device-independent settings are recorded: CPU and GPU produce the same bytes, so switching
+`--device` or `--workers` must not invalidate finished shards.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .. import __version__
+from ..errors import CheckpointError
+from .writer import write_bytes_atomic
+
+MANIFEST_NAME = "kimi_nvfp4_manifest.json"
+MANIFEST_FORMAT_VERSION = 1
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SourceRecord(_Strict):
+    path: str  # local folder the checkpoint was read from
+    repo_id: str | None = None  # Hub repo id, when the source was given as one
+    revision: str | None = None
+    # sha256 over config.json and every tensor's name/shard/dtype/shape: same source => same fingerprint
+    fingerprint: str = ""
+
+
+class ConversionSettings(_Strict):
+    """Settings that change output bytes. Equal settings => a finished shard can be reused."""
+
+    method: str
+    kv_cache_quant_algo: str | None
+    quant_algo: str = "NVFP4"
+    group_size: int = 16
+
+
+class ShardRecord(_Strict):
+    file: str
+    sha256: str
+    bytes: int
+    tensors: int
+
+
+class StageRecord(_Strict):
+    settings: dict[str, Any] = Field(default_factory=dict)
+    complete: bool = False
+    finished_at: str = ""
+    outputs: dict[str, Any] = Field(default_factory=dict)
+
+
+class ConversionManifest(_Strict):
+    format_version: int = MANIFEST_FORMAT_VERSION
+    tool_version: str = __version__
+    source: SourceRecord
+    settings: ConversionSettings
+    shards: dict[str, ShardRecord] = Field(default_factory=dict)
+    complete: bool = False
+    tensor_stats: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    stages: dict[str, StageRecord] = Field(default_factory=dict)
+
+
+def load_manifest(directory: str | Path) -> ConversionManifest:
+    path = Path(directory) / MANIFEST_NAME
+    if not path.is_file():
+        raise CheckpointError("manifest is missing (not a kimi-nvfp4 conversion output?)", file=path)
+    try:
+        return ConversionManifest.model_validate_json(path.read_text())
+    except (ValidationError, ValueError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CheckpointError(f"manifest is malformed ({first})", file=path) from None
+
+
+def save_manifest(directory: str | Path, manifest: ConversionManifest) -> Path:
+    """Write atomically (temporary name, fsync, rename)."""
+    path = Path(directory) / MANIFEST_NAME
+    text = json.dumps(manifest.model_dump(mode="json"), indent=2, sort_keys=False) + "\n"
+    write_bytes_atomic(path, text.encode())
+    return path

@@ -1,0 +1,108 @@
+"""Read single tensors from a safetensors shard with plain `readinto`, no mmap.
+
+The reader's mmap-based `safe_open` leaves every touched page of every shard mapped into the
+process until the handle closes, so a streaming conversion's resident memory would grow with the
+checkpoint. Here each tensor is read straight into a freshly allocated tensor and the file is
+closed when the job ends: resident memory is the tensors we hold, nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import BinaryIO
+
+import torch
+
+from ..errors import CheckpointError
+from .reader import SAFETENSORS_DTYPES
+
+_HEADER_LEN = struct.Struct("<Q")
+
+
+class ShardFile:
+    """One open shard: header parsed once, tensors read on demand. Use as a context manager."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        try:
+            self._f: BinaryIO = self.path.open("rb")
+        except FileNotFoundError:
+            raise CheckpointError("shard file is missing", file=self.path) from None
+        raw = self._f.read(_HEADER_LEN.size)
+        if len(raw) < _HEADER_LEN.size:
+            self.close()
+            raise CheckpointError("file is shorter than a safetensors header (truncated?)", file=self.path)
+        (n,) = _HEADER_LEN.unpack(raw)
+        try:
+            header = json.loads(self._f.read(n))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            self.close()
+            raise CheckpointError(f"header is not valid JSON ({e})", file=self.path) from None
+        header.pop("__metadata__", None)
+        self._meta = header
+        self._data_start = _HEADER_LEN.size + n
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._meta
+
+    def read(self, name: str) -> torch.Tensor:
+        meta = self._meta.get(name)
+        if meta is None:
+            raise CheckpointError("tensor is not in this shard", file=self.path, tensor=name)
+        dtype = SAFETENSORS_DTYPES.get(meta["dtype"])
+        if dtype is None:
+            raise CheckpointError(f"unsupported dtype {meta['dtype']!r}", file=self.path, tensor=name)
+        begin, end = meta["data_offsets"]
+        shape = tuple(meta["shape"])
+        out = torch.empty(shape, dtype=dtype)
+        nbytes = out.numel() * out.element_size()
+        if end - begin != nbytes:
+            raise CheckpointError(
+                f"header gives {end - begin} bytes for {meta['dtype']} {list(shape)} ({nbytes} expected)",
+                file=self.path,
+                tensor=name,
+            )
+        if nbytes == 0:
+            return out
+        self._f.seek(self._data_start + begin)
+        view = memoryview(out.reshape(-1).view(torch.uint8).numpy())
+        got = self._f.readinto(view)
+        if got != nbytes:
+            raise CheckpointError(f"read {got} of {nbytes} bytes (truncated shard)", file=self.path, tensor=name)
+        return out
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> "ShardFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class ShardFiles:
+    """Lazily opened shards of one checkpoint folder, all closed together."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self._open: dict[str, ShardFile] = {}
+
+    def read(self, file: str, name: str) -> torch.Tensor:
+        shard = self._open.get(file)
+        if shard is None:
+            shard = self._open[file] = ShardFile(self.root / file)
+        return shard.read(name)
+
+    def close(self) -> None:
+        for shard in self._open.values():
+            shard.close()
+        self._open.clear()
+
+    def __enter__(self) -> "ShardFiles":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

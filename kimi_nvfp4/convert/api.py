@@ -1,0 +1,236 @@
+"""`convert_checkpoint`: Kimi K2.x INT4 (compressed-tensors) -> NVFP4 in Model Optimizer's HF format.
+
+Plan (headers only, fails before writing) -> per-shard jobs (serial, or a thread pool: torch
+releases the GIL in its kernels and each job's bytes do not depend on scheduling) -> finish
+(copy the other files byte for byte, hf_quant_config.json, config.json, index, manifest complete).
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from ..checkpoint.manifest import MANIFEST_NAME, ConversionManifest, ConversionSettings, ShardRecord, save_manifest
+from ..checkpoint.modelopt_config import (
+    HF_QUANT_CONFIG_NAME,
+    build_modelopt_quant_config,
+    rewrite_config_for_nvfp4,
+    summarize_exclude_modules,
+)
+from ..checkpoint.reader import CONFIG_NAME, INDEX_NAME
+from ..checkpoint.writer import partial_path, write_index, write_json_atomic
+from ..errors import DeviceError, OutputError
+from ..numerics.methods import DEFAULT_METHOD, ScaleMethod
+from .job import ShardResult, run_shard_job
+from .output import prepare_output
+from .plan import ConversionPlan, ShardJob, plan_conversion
+from .source import resolve_source, source_record
+
+DEVICES = ("auto", "cpu", "cuda")
+KV_CACHE_CHOICES = ("FP8", "none")
+_GB = 1e9
+
+
+@dataclass
+class ConversionSummary:
+    output: str
+    source: str
+    device: str
+    method: str
+    workers: int
+    shards_total: int
+    shards_converted: int
+    shards_skipped: int
+    matrices_converted: int
+    tensors_passed_through: int
+    bytes_in: int  # source tensor bytes read by the converted shards
+    int4_bytes_in: int  # of which INT4 expert weight_packed + weight_scale
+    bytes_out: int  # output shard file bytes written in this run
+    seconds: float
+    peak_tensor_bytes: int  # most tensor bytes one job held at once
+    max_shard_bytes: int  # largest source shard (tensor bytes), the unit of the memory bound
+
+    @property
+    def gb_per_s(self) -> float:
+        return self.bytes_in / _GB / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def int4_gb_per_s(self) -> float:
+        return self.int4_bytes_in / _GB / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "gb_per_s": self.gb_per_s, "int4_gb_per_s": self.int4_gb_per_s}
+
+    def lines(self) -> list[str]:
+        return [
+            f"converted {self.matrices_converted} expert matrices to NVFP4, passed {self.tensors_passed_through} tensors through",
+            f"shards: {self.shards_converted} written, {self.shards_skipped} already finished, {self.shards_total} total",
+            f"bytes: {self.bytes_in / _GB:.3f} GB in ({self.int4_bytes_in / _GB:.3f} GB INT4), {self.bytes_out / _GB:.3f} GB out",
+            f"time: {self.seconds:.2f} s on {self.device} x{self.workers}: {self.gb_per_s:.3f} GB/s in, "
+            f"{self.int4_gb_per_s:.3f} GB/s INT4",
+            f"output: {self.output}",
+        ]
+
+
+def resolve_device(device: str) -> torch.device:
+    if device not in DEVICES:
+        raise DeviceError(f"--device must be one of {DEVICES}, got {device!r}")
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise DeviceError("--device cuda was asked for but torch sees no CUDA device")
+    return torch.device(device)
+
+
+def _finish(plan: ConversionPlan, output: Path, manifest: ConversionManifest, kv_cache_quant_algo: str | None) -> None:
+    """Everything but the shards: copied files, quant configs, index, then the manifest marked complete."""
+    exclude = summarize_exclude_modules(plan.bf16_linears, plan.quantized_modules)
+    hf_quant_config, quantization_config = build_modelopt_quant_config(plan.layout, exclude, kv_cache_quant_algo)
+    ours = {CONFIG_NAME, HF_QUANT_CONFIG_NAME, INDEX_NAME, MANIFEST_NAME}
+    for rel in plan.other_files:
+        if str(rel) in ours:
+            continue
+        dst = output / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = partial_path(dst)
+        try:
+            shutil.copyfile(plan.root / rel, tmp)  # bytes only: checkpoint code is never imported
+            tmp.replace(dst)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise OutputError(f"file {dst}: cannot copy ({e.strerror or e})") from None
+    write_json_atomic(output / HF_QUANT_CONFIG_NAME, hf_quant_config)
+    write_json_atomic(output / CONFIG_NAME, rewrite_config_for_nvfp4(plan.config, quantization_config))
+    write_index(output, plan.weight_map, plan.total_size)
+    manifest.complete = True
+    save_manifest(output, manifest)
+
+
+def convert_checkpoint(
+    source: str | Path,
+    output: str | Path,
+    *,
+    method: ScaleMethod | str = DEFAULT_METHOD,
+    device: str = "auto",
+    workers: int = 1,
+    kv_cache_quant_algo: str | None = "FP8",
+    overwrite: bool = False,
+    progress: bool = True,
+    revision: str | None = None,
+) -> ConversionSummary:
+    """Convert `source` (folder or Hub repo id) into `output`. Re-running resumes; see docs/convert.md."""
+    method = ScaleMethod(method)
+    if kv_cache_quant_algo == "none":
+        kv_cache_quant_algo = None
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    dev = resolve_device(device)
+    resolved = resolve_source(source, revision)
+    plan = plan_conversion(resolved.path)
+    output = Path(output).expanduser().resolve()
+    if output == resolved.path:
+        raise OutputError(f"file {output}: output folder is the source folder")
+    fresh = ConversionManifest(
+        source=source_record(resolved, plan),
+        settings=ConversionSettings(method=method.value, kv_cache_quant_algo=kv_cache_quant_algo),
+    )
+    state = prepare_output(output, fresh, overwrite=overwrite)
+    manifest = state.manifest
+    save_manifest(output, manifest)
+
+    todo = [job for job in plan.jobs if job.file not in state.finished]
+    start = time.perf_counter()
+    results = _run_jobs(todo, plan, output, manifest, method=method, device=dev, workers=workers, progress=progress)
+    _finish(plan, output, manifest, kv_cache_quant_algo)
+    seconds = time.perf_counter() - start
+    return ConversionSummary(
+        output=str(output),
+        source=str(resolved.repo_id or resolved.path),
+        device=str(dev),
+        method=method.value,
+        workers=workers,
+        shards_total=len(plan.jobs),
+        shards_converted=len(results),
+        shards_skipped=len(plan.jobs) - len(todo),
+        matrices_converted=sum(r.matrices for r in results),
+        tensors_passed_through=sum(len(j.passthrough) for j in todo),
+        bytes_in=sum(r.input_bytes for r in results),
+        int4_bytes_in=sum(r.int4_input_bytes for r in results),
+        bytes_out=sum(r.written.bytes for r in results),
+        seconds=seconds,
+        peak_tensor_bytes=max((r.peak_tensor_bytes for r in results), default=0),
+        max_shard_bytes=max((j.input_bytes for j in plan.jobs), default=0),
+    )
+
+
+def _run_jobs(
+    jobs: list[ShardJob],
+    plan: ConversionPlan,
+    output: Path,
+    manifest: ConversionManifest,
+    *,
+    method: ScaleMethod,
+    device: torch.device,
+    workers: int,
+    progress: bool,
+) -> list[ShardResult]:
+    """Run shard jobs; record each finished shard in the manifest as soon as it is renamed into place."""
+    lock = threading.Lock()
+    overall = tqdm(
+        total=sum(j.input_bytes for j in jobs), unit="B", unit_scale=True, desc="convert", disable=not progress, position=0
+    )
+    free_positions = list(range(workers, 0, -1))
+    results: dict[str, ShardResult] = {}
+
+    def one(job: ShardJob) -> ShardResult:
+        with lock:
+            position = free_positions.pop()
+        bar = tqdm(
+            total=job.input_bytes, unit="B", unit_scale=True, desc=job.file, leave=False, disable=not progress, position=position
+        )
+
+        def advance(n: int) -> None:
+            bar.update(n)
+            with lock:
+                overall.update(n)
+
+        try:
+            result = run_shard_job(job, plan.root, output, method=method, device=device, on_progress=advance)
+        finally:
+            bar.close()
+            with lock:
+                free_positions.append(position)
+        with lock:
+            w = result.written
+            manifest.shards[job.file] = ShardRecord(file=w.file, sha256=w.sha256, bytes=w.bytes, tensors=w.tensors)
+            manifest.tensor_stats.update(result.tensor_stats)
+            save_manifest(output, manifest)
+            results[job.file] = result
+        return result
+
+    try:
+        if workers == 1:
+            for job in jobs:  # serial: simplest to debug, same bytes
+                one(job)
+        else:
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="convert") as pool:
+                futures = [pool.submit(one, job) for job in jobs]
+                done, _pending = wait(futures, return_when=FIRST_EXCEPTION)
+                for f in futures:
+                    if f in done and f.exception() is not None:
+                        for other in futures:
+                            other.cancel()
+                        raise f.exception()
+                for f in futures:
+                    f.result()
+    finally:
+        overall.close()
+    return [results[j.file] for j in jobs if j.file in results]

@@ -1,0 +1,131 @@
+"""Convert one source shard into one output shard.
+
+Memory: the output shard being assembled (about one shard: NVFP4 is as large as INT4 and the
+rest passes through), plus the INT4 inputs of one scale group. Source tensors are read with plain
+`readinto` (no mmap), and files are closed when the job ends. `peak_tensor_bytes` reports the
+largest total of tensors this job held at once, so tests and benchmarks can check the bound.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from ..checkpoint.tensor_io import ShardFiles
+from ..checkpoint.writer import ShardWriter, WrittenShard
+from ..errors import CheckpointError
+from ..numerics.methods import Int4Matrix, ScaleMethod, error_stats, quantize_int4_matrices
+from .plan import ExpertMatrix, ShardJob
+
+
+@dataclass
+class ShardResult:
+    written: WrittenShard
+    tensor_stats: dict[str, dict[str, Any]] = field(default_factory=dict)
+    matrices: int = 0
+    input_bytes: int = 0
+    int4_input_bytes: int = 0
+    peak_tensor_bytes: int = 0
+    seconds: float = 0.0
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def check_group_scale(scale: torch.Tensor, m: ExpertMatrix) -> None:
+    """INT4 group scales must be positive and finite (a zero scale erases a group; NaN poisons it)."""
+    finite = torch.isfinite(scale)
+    if not bool(finite.all()):
+        bad = int((~finite).sum())
+        raise CheckpointError(f"{bad} NaN/Inf group scales; expected positive finite bf16 scales", file=m.scale.file, tensor=m.scale.name)
+    nonpos = int((scale <= 0).sum())
+    if nonpos:
+        raise CheckpointError(
+            f"{nonpos} zero or negative group scales; expected positive finite bf16 scales", file=m.scale.file, tensor=m.scale.name
+        )
+
+
+class _PeakCounter:
+    def __init__(self) -> None:
+        self.peak = 0
+
+    def observe(self, held: int) -> None:
+        self.peak = max(self.peak, held)
+
+
+def run_shard_job(
+    job: ShardJob,
+    source_root: Path,
+    output_dir: Path,
+    *,
+    method: ScaleMethod,
+    device: torch.device,
+    on_progress: Callable[[int], None] | None = None,
+) -> ShardResult:
+    """Write `output_dir/job.file` (atomically). `on_progress(bytes)` is called as input is consumed."""
+    # One CUDA stream per job so concurrent workers' kernels and copies overlap instead of queueing on the
+    # default stream; `.cpu()` synchronises the job's own stream before the bytes are written.
+    stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        return _run(job, source_root, output_dir, method=method, device=device, on_progress=on_progress)
+
+
+def _run(
+    job: ShardJob,
+    source_root: Path,
+    output_dir: Path,
+    *,
+    method: ScaleMethod,
+    device: torch.device,
+    on_progress: Callable[[int], None] | None,
+) -> ShardResult:
+    start = time.perf_counter()
+    writer = ShardWriter(output_dir / job.file)
+    peak = _PeakCounter()
+    stats: dict[str, dict[str, Any]] = {}
+    matrices = 0
+    with ShardFiles(source_root) as files:
+        for info in job.passthrough:
+            writer.add(info.name, files.read(info.file, info.name))
+            peak.observe(writer.nbytes)
+            if on_progress:
+                on_progress(info.nbytes)
+        for group in job.groups:
+            inputs = []
+            held = 0
+            for m in group.matrices:
+                packed = files.read(m.packed.file, m.packed.name)
+                scale = files.read(m.scale.file, m.scale.name)
+                check_group_scale(scale, m)
+                held += _nbytes(packed) + _nbytes(scale)
+                inputs.append(Int4Matrix.from_packed(packed.to(device), scale.to(device), m.in_features))
+            peak.observe(writer.nbytes + held)
+            outputs = quantize_int4_matrices(inputs, method)
+            for m, source, q in zip(group.matrices, inputs, outputs):
+                if not job.writes(m):
+                    continue  # a partner from another shard: converted here only for the shared scale
+                stats[m.module] = error_stats(source, q).to_dict()
+                writer.add(f"{m.module}.weight", q.weight.cpu())
+                writer.add(f"{m.module}.weight_scale", q.weight_scale.cpu())
+                writer.add(f"{m.module}.weight_scale_2", q.weight_scale_2.cpu())
+                matrices += 1
+                if on_progress:
+                    on_progress(m.int4_bytes)
+            peak.observe(writer.nbytes + held)
+            del inputs, outputs
+    written = writer.commit()
+    return ShardResult(
+        written=written,
+        tensor_stats=stats,
+        matrices=matrices,
+        input_bytes=job.input_bytes,
+        int4_input_bytes=job.int4_input_bytes,
+        peak_tensor_bytes=peak.peak,
+        seconds=time.perf_counter() - start,
+    )

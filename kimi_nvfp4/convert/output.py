@@ -1,0 +1,72 @@
+"""The output folder: refuse foreign content, resume our own, finish atomically.
+
+- absent or empty: a fresh conversion;
+- holding our manifest with the same settings and source: resume, skipping shards the manifest
+  lists as finished (file present with the recorded size);
+- holding our manifest with other settings or another source: refused unless `overwrite`, which
+  empties the folder first (only a folder our manifest marks as ours is ever emptied);
+- holding anything else: always refused.
+Leftover `.NAME.partial` files from an interrupted run are removed before resuming.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..checkpoint.manifest import MANIFEST_NAME, ConversionManifest, load_manifest
+from ..checkpoint.writer import is_partial_name
+from ..errors import CheckpointError, OutputError
+
+
+@dataclass
+class OutputState:
+    manifest: ConversionManifest
+    finished: set[str]  # shard files already converted with these settings
+    resumed: bool
+
+
+def _clear_folder(folder: Path) -> None:
+    for entry in folder.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
+def prepare_output(output: Path, fresh: ConversionManifest, *, overwrite: bool) -> OutputState:
+    if output.exists() and not output.is_dir():
+        raise OutputError(f"file {output}: output exists and is not a folder")
+    output.mkdir(parents=True, exist_ok=True)
+    entries = sorted(p.name for p in output.iterdir())
+    if not entries:
+        return OutputState(fresh, set(), resumed=False)
+    if MANIFEST_NAME not in entries:
+        shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+        raise OutputError(
+            f"file {output}: output folder holds other content ({len(entries)} entries: {shown}) and no "
+            f"{MANIFEST_NAME}; choose an empty or new folder"
+        )
+    try:
+        previous = load_manifest(output)
+    except CheckpointError as e:
+        raise OutputError(f"{e}; refusing to write into a folder whose manifest cannot be read") from None
+    same = previous.settings == fresh.settings and previous.source.fingerprint == fresh.source.fingerprint
+    if not same:
+        if not overwrite:
+            raise OutputError(
+                f"file {output / MANIFEST_NAME}: output was made with other settings or another source "
+                f"(was {previous.settings.model_dump()} from {previous.source.path}); pass --overwrite to replace it"
+            )
+        _clear_folder(output)
+        return OutputState(fresh, set(), resumed=False)
+    for name in entries:
+        if is_partial_name(name):
+            (output / name).unlink()
+    finished = {
+        f for f, rec in previous.shards.items() if (output / f).is_file() and (output / f).stat().st_size == rec.bytes
+    }
+    previous.shards = {f: r for f, r in previous.shards.items() if f in finished}
+    previous.complete = False
+    return OutputState(previous, finished, resumed=True)

@@ -1,0 +1,274 @@
+"""Plan a conversion from config.json and shard headers alone, and fail before anything is written.
+
+The plan checks the quantization scheme, every routed-expert tensor's name, dtype and shape
+against the config, each `weight_shape` value (8 bytes each), the router, and that no compressed
+tensor hides outside the routed experts. It then makes one job per source shard: the tensors
+copied through, and the expert matrices to convert, in groups that share one `weight_scale_2`
+(an expert's gate+up — SGLang keeps gate's for both, modelopt_quant.py
+`ModelOptNvFp4FusedMoEMethod.process_weights_after_loading` — and each down alone). A group is
+converted by every shard that holds one of its `weight_packed` tensors, reading partners from
+other shards; each output tensor goes to the shard of its source `weight_packed`. So shards are
+independent (parallel, resumable) and the output keeps the source's shard names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..checkpoint.modelopt_config import bf16_linear_modules
+from ..checkpoint.layout import PROJS, CheckpointLayout, parse_expert_name
+from ..checkpoint.reader import CheckpointReader, TensorInfo
+from ..checkpoint.source_checks import (
+    COMPRESSED_SUFFIXES,
+    INT4_EXPERT_SUFFIXES,
+    check_quantization_config,
+    expected_int4_tensors,
+    expert_matrix_shape,
+)
+from ..checkpoint.tensor_io import ShardFiles
+from ..errors import CheckpointError, UnsupportedCheckpointError
+from ..numerics.constants import INT4_GROUP_SIZE, NVFP4_BLOCK_SIZE
+
+# Output tensors of one NVFP4 linear (ModelOpt HF export names).
+NVFP4_SUFFIXES = ("weight", "weight_scale", "weight_scale_2")
+SHARED_SCALE_PROJS = ("gate_proj", "up_proj")  # one weight_scale_2 for SGLang's fused w13
+_FP32_BYTES = 4
+_NIBBLES_PER_BYTE = 2
+_E4M3_BYTES = 1
+
+
+@dataclass(frozen=True)
+class ExpertMatrix:
+    """One INT4 routed-expert linear in the source."""
+
+    module: str  # e.g. language_model.model.layers.3.mlp.experts.17.up_proj
+    out_features: int
+    in_features: int
+    packed: TensorInfo
+    scale: TensorInfo
+
+    @property
+    def int4_bytes(self) -> int:
+        return self.packed.nbytes + self.scale.nbytes
+
+    def output_specs(self) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+        o, i = self.out_features, self.in_features
+        return {
+            f"{self.module}.weight": (torch.uint8, (o, i // _NIBBLES_PER_BYTE)),
+            f"{self.module}.weight_scale": (torch.float8_e4m3fn, (o, i // NVFP4_BLOCK_SIZE)),
+            f"{self.module}.weight_scale_2": (torch.float32, ()),
+        }
+
+    @property
+    def output_bytes(self) -> int:
+        o, i = self.out_features, self.in_features
+        return o * i // _NIBBLES_PER_BYTE + o * i // NVFP4_BLOCK_SIZE * _E4M3_BYTES + _FP32_BYTES
+
+
+@dataclass(frozen=True)
+class ScaleGroup:
+    """Matrices that share one weight_scale_2: (gate_proj, up_proj) of an expert, or (down_proj,)."""
+
+    matrices: tuple[ExpertMatrix, ...]
+
+
+@dataclass
+class ShardJob:
+    file: str  # source shard = output shard name
+    passthrough: list[TensorInfo] = field(default_factory=list)
+    groups: list[ScaleGroup] = field(default_factory=list)
+
+    def writes(self, m: ExpertMatrix) -> bool:
+        """Whether this shard holds the matrix's output (its weight_packed lives here)."""
+        return m.packed.file == self.file
+
+    @property
+    def input_bytes(self) -> int:
+        own = sum(t.nbytes for t in self.passthrough)
+        return own + sum(m.int4_bytes for g in self.groups for m in g.matrices if self.writes(m))
+
+    @property
+    def int4_input_bytes(self) -> int:
+        return sum(m.int4_bytes for g in self.groups for m in g.matrices if self.writes(m))
+
+    @property
+    def output_bytes(self) -> int:
+        return sum(t.nbytes for t in self.passthrough) + sum(
+            m.output_bytes for g in self.groups for m in g.matrices if self.writes(m)
+        )
+
+
+@dataclass
+class ConversionPlan:
+    root: Path
+    config: dict
+    layout: CheckpointLayout
+    jobs: list[ShardJob]
+    weight_map: dict[str, str]  # output tensor -> output shard
+    total_size: int  # output tensor bytes (index metadata.total_size)
+    bf16_linears: list[str]
+    quantized_modules: list[str]
+    other_files: list[Path]
+
+    @property
+    def matrices(self) -> int:
+        return sum(1 for j in self.jobs for g in j.groups for m in g.matrices if j.writes(m))
+
+    @property
+    def input_bytes(self) -> int:
+        return sum(j.input_bytes for j in self.jobs)
+
+    @property
+    def int4_input_bytes(self) -> int:
+        return sum(j.int4_input_bytes for j in self.jobs)
+
+
+def _check_dims(layout: CheckpointLayout) -> None:
+    c = layout.text
+    for key, value in (("hidden_size", c.hidden_size), ("moe_intermediate_size", c.moe_intermediate_size)):
+        if value % INT4_GROUP_SIZE:
+            raise UnsupportedCheckpointError(
+                f"{key} {value} is not a multiple of the INT4 group size {INT4_GROUP_SIZE}", file="config.json"
+            )
+
+
+def _check_tensor(info: TensorInfo, dtype: torch.dtype, shape: tuple[int, ...], why: str) -> None:
+    if info.dtype != dtype or tuple(info.shape) != tuple(shape):
+        raise CheckpointError(
+            f"is {info.dtype} {list(info.shape)}, expected {dtype} {list(shape)} ({why})", file=info.file, tensor=info.name
+        )
+
+
+def _collect_experts(reader: CheckpointReader, layout: CheckpointLayout) -> dict[str, ExpertMatrix]:
+    """Every routed-expert matrix the config promises, checked against the headers."""
+    c = layout.text
+    tensors = reader.tensors
+    moe_layers = set(c.moe_layers)
+    for name, info in tensors.items():
+        parsed = parse_expert_name(name)
+        if parsed is None:
+            if name.endswith(COMPRESSED_SUFFIXES):
+                raise UnsupportedCheckpointError(
+                    "compressed tensor outside the routed experts; only routed experts may be INT4",
+                    file=info.file,
+                    tensor=name,
+                )
+            continue
+        if parsed.layer not in moe_layers or parsed.expert >= c.n_routed_experts or parsed.suffix not in INT4_EXPERT_SUFFIXES:
+            raise CheckpointError(
+                f"unexpected routed-expert tensor (config: MoE layers {c.moe_layers[:1]}..{c.moe_layers[-1:]}, "
+                f"{c.n_routed_experts} experts, suffixes {INT4_EXPERT_SUFFIXES})",
+                file=info.file,
+                tensor=name,
+            )
+    experts: dict[str, ExpertMatrix] = {}
+    for layer in c.moe_layers:
+        for e in range(c.n_routed_experts):
+            for proj in PROJS:
+                module = layout.expert_module(layer, e, proj)
+                out_f, in_f = expert_matrix_shape(layout, proj)
+                for suffix, (dtype, shape) in expected_int4_tensors(out_f, in_f).items():
+                    name = f"{module}.{suffix}"
+                    if name not in tensors:
+                        raise CheckpointError(
+                            f"missing from the checkpoint index (config promises {c.n_routed_experts} INT4 experts "
+                            f"in layer {layer})",
+                            file="model.safetensors.index.json",
+                            tensor=name,
+                        )
+                    _check_tensor(tensors[name], dtype, shape, f"pack-quantized INT4 [{out_f}, {in_f}] group {INT4_GROUP_SIZE}")
+                experts[module] = ExpertMatrix(
+                    module, out_f, in_f, tensors[f"{module}.weight_packed"], tensors[f"{module}.weight_scale"]
+                )
+    return experts
+
+
+def _check_weight_shapes(reader: CheckpointReader, experts: dict[str, ExpertMatrix]) -> None:
+    """weight_shape holds [out, in]; it must agree with the packed size (8 bytes each, read here)."""
+    with ShardFiles(reader.root) as files:
+        for module, m in experts.items():
+            info = reader.tensors[f"{module}.weight_shape"]
+            value = files.read(info.file, info.name).tolist()
+            if value != [m.out_features, m.in_features]:
+                raise CheckpointError(
+                    f"weight_shape is {value} but weight_packed {list(m.packed.shape)} and the config give "
+                    f"[{m.out_features}, {m.in_features}]",
+                    file=info.file,
+                    tensor=info.name,
+                )
+
+
+def _check_routers(reader: CheckpointReader, layout: CheckpointLayout) -> None:
+    c = layout.text
+    for layer in c.moe_layers:
+        p = layout.layer_prefix(layer)
+        for name, dtype, shape in (
+            (f"{p}mlp.gate.weight", None, (c.n_routed_experts, c.hidden_size)),
+            (f"{p}mlp.gate.e_score_correction_bias", torch.float32, (c.n_routed_experts,)),
+        ):
+            info = reader.tensors.get(name)
+            if info is None:
+                raise CheckpointError("router tensor is missing from the checkpoint index", file="model.safetensors.index.json", tensor=name)
+            _check_tensor(info, dtype or info.dtype, shape, "router")
+
+
+def _scale_groups(layout: CheckpointLayout, experts: dict[str, ExpertMatrix]) -> list[ScaleGroup]:
+    groups = []
+    for layer in layout.text.moe_layers:
+        for e in range(layout.text.n_routed_experts):
+            groups.append(ScaleGroup(tuple(experts[layout.expert_module(layer, e, p)] for p in SHARED_SCALE_PROJS)))
+            groups.append(ScaleGroup((experts[layout.expert_module(layer, e, "down_proj")],)))
+    return groups
+
+
+def plan_conversion(source_root: str | Path) -> ConversionPlan:
+    """Check the source and decide every output tensor. Reads headers and weight_shape values only."""
+    reader = CheckpointReader(source_root)
+    layout = reader.layout
+    check_quantization_config(reader.config)
+    _check_dims(layout)
+    experts = _collect_experts(reader, layout)
+    _check_weight_shapes(reader, experts)
+    _check_routers(reader, layout)
+
+    int4_names = {f"{m}.{s}" for m in experts for s in INT4_EXPERT_SUFFIXES}
+    jobs = {file: ShardJob(file) for file in reader.shard_files}
+    for name, info in sorted(reader.tensors.items()):
+        if name not in int4_names:
+            jobs[info.file].passthrough.append(info)
+    for group in _scale_groups(layout, experts):
+        for file in sorted({m.packed.file for m in group.matrices}):
+            jobs[file].groups.append(group)
+
+    weight_map: dict[str, str] = {}
+    total = 0
+    for job in jobs.values():
+        for info in job.passthrough:
+            weight_map[info.name] = job.file
+            total += info.nbytes
+        for group in job.groups:
+            for m in group.matrices:
+                if not job.writes(m):
+                    continue
+                for name, (dtype, shape) in m.output_specs().items():
+                    if name in reader.tensors and name not in int4_names:
+                        raise CheckpointError(
+                            "the source already has a tensor named like a converted output", file=reader.tensors[name].file, tensor=name
+                        )
+                    weight_map[name] = job.file
+                total += m.output_bytes
+    bf16 = bf16_linear_modules(reader)
+    return ConversionPlan(
+        root=reader.root,
+        config=reader.config,
+        layout=layout,
+        jobs=[jobs[f] for f in sorted(jobs)],
+        weight_map=weight_map,
+        total_size=total,
+        bf16_linears=bf16,
+        quantized_modules=sorted(experts),
+        other_files=reader.other_files(),
+    )

@@ -1,0 +1,68 @@
+"""Where the source checkpoint is: a local folder, or a Hugging Face Hub repo id downloaded first.
+
+A fingerprint of the source (config.json bytes plus every tensor's name, shard, dtype and shape,
+from the headers) lets a re-run tell "same source, resume" from "different source, refuse".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..checkpoint.manifest import SourceRecord
+from ..checkpoint.reader import CONFIG_NAME
+from ..errors import CheckpointError
+from .plan import ConversionPlan
+
+# `org/name` as the Hub spells repo ids (https://huggingface.co/docs/hub/repositories).
+_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# Weights and the files a serving engine reads; nothing else is downloaded.
+HUB_ALLOW_PATTERNS = ["*.safetensors", "*.json", "*.jinja", "*.model", "*.py", "*.txt", "*.md", "*.tiktoken"]
+
+
+@dataclass(frozen=True)
+class ResolvedSource:
+    path: Path
+    repo_id: str | None = None
+    revision: str | None = None
+
+
+def resolve_source(source: str | Path, revision: str | None = None) -> ResolvedSource:
+    """A local folder is used as is; an `org/name` that is not a folder is downloaded from the Hub."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return ResolvedSource(path.resolve())
+    text = str(source)
+    if not _REPO_ID.match(text):
+        raise CheckpointError("source is neither a checkpoint folder nor a Hub repo id (org/name)", file=text)
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as e:  # pragma: no cover - huggingface_hub is a dependency
+        raise CheckpointError(f"cannot download from the Hub ({e})", file=text) from None
+    try:
+        local = snapshot_download(text, revision=revision, allow_patterns=HUB_ALLOW_PATTERNS)
+    except Exception as e:  # the hub client raises many types (network, auth, not found)
+        raise CheckpointError(f"cannot download from the Hub ({type(e).__name__}: {e})", file=text) from None
+    return ResolvedSource(Path(local), repo_id=text, revision=revision)
+
+
+def source_fingerprint(plan: ConversionPlan) -> str:
+    digest = hashlib.sha256((plan.root / CONFIG_NAME).read_bytes())
+    for job in plan.jobs:
+        entries = [(t.name, t.file, str(t.dtype), list(t.shape)) for t in job.passthrough]
+        entries += [
+            (m.module, m.packed.file, m.scale.file, m.out_features, m.in_features)
+            for g in job.groups
+            for m in g.matrices
+        ]
+        digest.update(json.dumps([job.file, entries]).encode())
+    return digest.hexdigest()
+
+
+def source_record(resolved: ResolvedSource, plan: ConversionPlan) -> SourceRecord:
+    return SourceRecord(
+        path=str(resolved.path), repo_id=resolved.repo_id, revision=resolved.revision, fingerprint=source_fingerprint(plan)
+    )

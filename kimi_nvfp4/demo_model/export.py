@@ -1,0 +1,152 @@
+"""Write the tiny K2 as a Kimi K2.6-layout checkpoint (what Moonshot ships, at toy size).
+
+Folder contents: `config.json` (`KimiK25ForConditionalGeneration` wrapping a DeepseekV3
+`text_config`, the compressed-tensors `quantization_config` at the top level AND inside
+`text_config`, SPEC §1), `generation_config.json`, `model.safetensors.index.json`, shards
+`model-0000N-of-0000M.safetensors`, and the tokenizer files. The folder is assembled under
+`.NAME.partial` beside the target and renamed into place only when every file is written.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from safetensors.torch import save
+
+from ..errors import OutputError
+from ..checkpoint.layout import layer_of
+from .atomic import partial_path, write_bytes_atomic, write_text_atomic
+from .k2_layout_export import k2_text_tensors
+from .model_config import TinyK2Spec
+from .specials import END_OF_TURN_TOKEN, special_id
+from .tokenizer_build import CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
+from .vision_stub import vision_config, vision_tensors
+
+INDEX_FILE = "model.safetensors.index.json"
+CONFIG_FILE = "config.json"
+GENERATION_CONFIG_FILE = "generation_config.json"
+DEFAULT_NUM_SHARDS = 2
+
+# Kimi K2.5/K2.6's compressed-tensors block (SPEC §1). Besides the four patterns SPEC lists, K2.5/K2.6
+# also ignore the vision tower and projector (both BF16), so a compressed-tensors loader never looks
+# for packed weights there.
+INT4_IGNORE = ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*",
+               "re:vision_tower.*", "re:mm_projector.*"]
+
+
+def compressed_tensors_quant_config() -> dict[str, Any]:
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "quantization_status": "compressed",
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
+                            "group_size": 32, "dynamic": False, "actorder": None, "observer": "minmax",
+                            "observer_kwargs": {}, "block_structure": None},
+                "input_activations": None,
+                "output_activations": None,
+                "format": "pack-quantized",
+            }
+        },
+        "ignore": list(INT4_IGNORE),
+        "kv_cache_scheme": None,
+        "sparsity_config": {},
+        "global_compression_ratio": None,
+    }
+
+
+def kimi_k25_config(spec: TinyK2Spec, vision_cfg: Mapping[str, Any]) -> dict[str, Any]:
+    text = spec.text_config()
+    text["quantization_config"] = compressed_tensors_quant_config()
+    ids = spec.token_ids()
+    return {
+        "architectures": ["KimiK25ForConditionalGeneration"],
+        "model_type": "kimi_k25",
+        "text_config": text,
+        "vision_config": dict(vision_cfg),
+        "media_placeholder_token_id": special_id("<|media_pad|>", spec.vocab_size),
+        "ignore_index": -100,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        **ids,
+        "quantization_config": compressed_tensors_quant_config(),
+    }
+
+
+def generation_config(spec: TinyK2Spec) -> dict[str, Any]:
+    # Kimi's generation_config ends generation at <|im_end|>, the end of an assistant turn.
+    return {"bos_token_id": spec.token_ids()["bos_token_id"],
+            "eos_token_id": special_id(END_OF_TURN_TOKEN, spec.vocab_size),
+            "max_length": 4096, "do_sample": False}
+
+
+def _shard_of(name: str, spec: TinyK2Spec, num_shards: int) -> int:
+    layer = layer_of(name)
+    if layer is None:  # embeddings first; final norm, head, vision, projector last
+        return 0 if "embed_tokens" in name else num_shards - 1
+    return min(num_shards - 1, layer * num_shards // spec.num_hidden_layers)
+
+
+def checkpoint_tensors(state_dict: Mapping[str, torch.Tensor], spec: TinyK2Spec, seed: int) -> dict[str, torch.Tensor]:
+    tensors = k2_text_tensors(state_dict)
+    tensors.update(vision_tensors(vision_config(), spec.hidden_size, seed))
+    return tensors
+
+
+def _json(obj: Any) -> str:
+    return json.dumps(obj, indent=2, ensure_ascii=False) + "\n"
+
+
+def export_checkpoint(
+    state_dict: Mapping[str, torch.Tensor],
+    spec: TinyK2Spec,
+    tokenizer_dir: Path,
+    out_dir: Path,
+    *,
+    seed: int = 0,
+    num_shards: int = DEFAULT_NUM_SHARDS,
+    extra_json: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Write the K2.6-layout INT4 checkpoint of a trained (or random) transformers state dict."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
+        raise OutputError(f"output folder {out_dir} is not empty (pass overwrite=True / --overwrite)")
+    staging = partial_path(out_dir)
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+
+    tensors = checkpoint_tensors(state_dict, spec, seed)
+    shard_names = [f"model-{i + 1:05d}-of-{num_shards:05d}.safetensors" for i in range(num_shards)]
+    shards: list[dict[str, torch.Tensor]] = [{} for _ in range(num_shards)]
+    for name in sorted(tensors):
+        shards[_shard_of(name, spec, num_shards)][name] = tensors[name]
+    weight_map: dict[str, str] = {}
+    total = 0
+    for file, shard in zip(shard_names, shards):
+        write_bytes_atomic(staging / file, save(shard, metadata={"format": "pt"}))
+        for name, t in shard.items():
+            weight_map[name] = file
+            total += t.numel() * t.element_size()
+    write_text_atomic(staging / INDEX_FILE, _json({"metadata": {"total_size": total}, "weight_map": weight_map}))
+    write_text_atomic(staging / CONFIG_FILE, _json(kimi_k25_config(spec, vision_config())))
+    write_text_atomic(staging / GENERATION_CONFIG_FILE, _json(generation_config(spec)))
+    for name in (TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, CHAT_TEMPLATE_FILE):
+        src = Path(tokenizer_dir) / name
+        if not src.is_file():
+            raise OutputError(f"tokenizer folder {tokenizer_dir} lacks {name}")
+        write_bytes_atomic(staging / name, src.read_bytes())
+    for name, obj in (extra_json or {}).items():
+        write_text_atomic(staging / name, _json(obj))
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    staging.rename(out_dir)
+    return out_dir
+

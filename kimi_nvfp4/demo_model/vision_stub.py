@@ -1,0 +1,71 @@
+"""A tiny MoonViT-shaped `vision_tower` and `mm_projector`, so the demo checkpoint has K2.6's
+pass-through BF16 tensors.
+
+The weights are seeded random values, not a trained vision model: the pipeline never runs them
+(convert copies them bit for bit, SPEC §2 keeps them BF16); they exist so every stage meets the
+same tensor families as in the real checkpoint. Names follow MoonViT's module tree as shipped
+with Kimi K2.5/K2.6 (patch embedding, encoder blocks with fused wqkv, patch-merging projector).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+PATCH_SIZE = 14
+MERGE_KERNEL = (2, 2)
+
+
+def vision_config(hidden: int = 64, layers: int = 1, heads: int = 2, intermediate: int = 128) -> dict[str, Any]:
+    return {
+        "model_type": "moonvit",
+        "patch_size": PATCH_SIZE,
+        "init_pos_emb_height": 8,
+        "init_pos_emb_width": 8,
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "intermediate_size": intermediate,
+        "merge_kernel_size": list(MERGE_KERNEL),
+    }
+
+
+def vision_tensors(cfg: dict[str, Any], text_hidden: int, seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    h, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    merged = h * MERGE_KERNEL[0] * MERGE_KERNEL[1]
+
+    def rnd(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) * 0.02).to(torch.bfloat16)
+
+    def ones(n: int) -> torch.Tensor:
+        return torch.ones(n, dtype=torch.bfloat16)
+
+    def zeros(n: int) -> torch.Tensor:
+        return torch.zeros(n, dtype=torch.bfloat16)
+
+    t: dict[str, torch.Tensor] = {
+        "vision_tower.patch_embed.proj.weight": rnd(h, 3, PATCH_SIZE, PATCH_SIZE),
+        "vision_tower.patch_embed.proj.bias": zeros(h),
+        "vision_tower.patch_embed.pos_emb.weight": rnd(cfg["init_pos_emb_height"], cfg["init_pos_emb_width"], h),
+        "vision_tower.encoder.final_layernorm.weight": ones(h),
+        "vision_tower.encoder.final_layernorm.bias": zeros(h),
+        "mm_projector.pre_norm.weight": ones(h),
+        "mm_projector.pre_norm.bias": zeros(h),
+        "mm_projector.proj.0.weight": rnd(merged, merged),
+        "mm_projector.proj.0.bias": zeros(merged),
+        "mm_projector.proj.2.weight": rnd(text_hidden, merged),
+        "mm_projector.proj.2.bias": zeros(text_hidden),
+    }
+    for i in range(cfg["num_hidden_layers"]):
+        b = f"vision_tower.encoder.blocks.{i}."
+        t.update({
+            b + "norm0.weight": ones(h), b + "norm0.bias": zeros(h),
+            b + "wqkv.weight": rnd(3 * h, h), b + "wqkv.bias": zeros(3 * h),
+            b + "wo.weight": rnd(h, h), b + "wo.bias": zeros(h),
+            b + "norm1.weight": ones(h), b + "norm1.bias": zeros(h),
+            b + "mlp.fc0.weight": rnd(inter, h), b + "mlp.fc0.bias": zeros(inter),
+            b + "mlp.fc1.weight": rnd(h, inter), b + "mlp.fc1.bias": zeros(h),
+        })
+    return t

@@ -1,0 +1,120 @@
+"""Multi-head latent attention (MLA) of K2 / DeepSeek-V3, causal, one sequence at a time.
+
+The KV cache holds what SGLang's MLA cache holds: the normalised latent `c_kv [S, kv_lora_rank]`
+and the roped shared key `k_pe [S, qk_rope_head_dim]` (576 numbers per token per layer for K2);
+`kv_b_proj` expands them to per-head keys/values on every call (the "naive" MLA form; numerically the
+same as the absorbed form up to fp32 summation order).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..checkpoint.k2_config import K2Config
+from .layer_weights import AttentionWeights
+from .observer import Observer, notify_linear
+from .rope import RotaryEmbedding, apply_rope_interleaved
+
+# Largest attention score block materialised at once (heads x queries x keys, fp32): 1 GiB.
+ATTENTION_SCORE_BUDGET = 2**28
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm in fp32 (transformers DeepseekV3RMSNorm / SGLang RMSNorm), result in x's dtype."""
+    xf = x.to(torch.float32)
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (weight.to(torch.float32) * xf).to(x.dtype)
+
+
+@dataclass
+class LatentKV:
+    """One layer's MLA cache for one sequence."""
+
+    latent: torch.Tensor  # [S, kv_lora_rank], after kv_a_layernorm
+    k_pe: torch.Tensor  # [S, qk_rope_head_dim], after rope (half-split layout, see rope.py)
+
+    @property
+    def seq_len(self) -> int:
+        return self.latent.shape[0]
+
+    def truncate(self, n: int) -> "LatentKV":
+        return LatentKV(self.latent[:n], self.k_pe[:n])
+
+    def clone(self) -> "LatentKV":
+        return LatentKV(self.latent.clone(), self.k_pe.clone())
+
+
+def mla_attention(
+    cfg: K2Config,
+    rope: RotaryEmbedding,
+    w: AttentionWeights,
+    x: torch.Tensor,
+    *,
+    layer: int,
+    past: LatentKV | None = None,
+    observer: Observer | None = None,
+    max_chunk_tokens: int | None = None,
+) -> tuple[torch.Tensor, LatentKV]:
+    """Attention of `x [T, hidden]` (already input_layernorm'ed) at positions `past_len .. past_len+T-1`.
+
+    Returns the o_proj output `[T, hidden]` and the layer cache extended by these T tokens.
+    """
+    n_heads, nope, rope_dim, v_dim = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+    T = x.shape[0]
+    past_len = past.seq_len if past is not None else 0
+    # SGLang's DeepseekV2AttentionMLA builds q_a_layernorm/kv_a_layernorm with eps=config.rms_norm_eps
+    # (python/sglang/srt/models/deepseek_v2.py); transformers uses its 1e-6 default there. We follow the engine.
+    eps = cfg.rms_norm_eps
+
+    if w.q_a_proj is not None:
+        q_a = w.q_a_proj(x)
+        notify_linear(observer, layer, w.q_a_proj.module, x, q_a)
+        q_a_normed = rms_norm(q_a, w.q_a_layernorm, eps)
+        q = w.q_b_proj(q_a_normed)
+        notify_linear(observer, layer, w.q_b_proj.module, q_a_normed, q)
+    else:
+        q = w.q_proj(x)
+        notify_linear(observer, layer, w.q_proj.module, x, q)
+    q = q.view(T, n_heads, nope + rope_dim)
+
+    kv_a = w.kv_a_proj_with_mqa(x)
+    notify_linear(observer, layer, w.kv_a_proj_with_mqa.module, x, kv_a)
+    latent = rms_norm(kv_a[:, : cfg.kv_lora_rank], w.kv_a_layernorm, eps)
+
+    positions = torch.arange(past_len, past_len + T, device=x.device)
+    cos, sin = rope.cos_sin(positions, x.device, x.dtype)
+    k_pe = apply_rope_interleaved(kv_a[:, None, cfg.kv_lora_rank :], cos, sin)[:, 0]
+    q_pe = apply_rope_interleaved(q[..., nope:], cos, sin)
+    q = torch.cat([q[..., :nope], q_pe], dim=-1)
+
+    cache = LatentKV(latent, k_pe)
+    if past is not None:
+        cache = LatentKV(torch.cat([past.latent, latent]), torch.cat([past.k_pe, k_pe]))
+    S = cache.seq_len
+
+    kv = w.kv_b_proj(cache.latent)
+    notify_linear(observer, layer, w.kv_b_proj.module, cache.latent, kv)
+    kv = kv.view(S, n_heads, nope + v_dim)
+    k = torch.cat([kv[..., :nope], cache.k_pe[:, None, :].expand(S, n_heads, rope_dim)], dim=-1)
+    v = kv[..., nope:]
+
+    out = torch.empty(T, n_heads, v_dim, dtype=x.dtype, device=x.device)
+    rows = max(1, ATTENTION_SCORE_BUDGET // max(1, n_heads * S))
+    if max_chunk_tokens:
+        rows = min(rows, max_chunk_tokens)
+    key_pos = torch.arange(S, device=x.device)
+    for start in range(0, T, rows):
+        end = min(T, start + rows)
+        scores = torch.einsum("thd,shd->hts", q[start:end], k).to(torch.float32) * rope.softmax_scale
+        # causal: query at absolute position p sees keys 0..p
+        allowed = key_pos[None, :] <= positions[start:end, None]
+        scores = scores.masked_fill(~allowed[None], float("-inf"))
+        probs = torch.softmax(scores, dim=-1).to(x.dtype)
+        out[start:end] = torch.einsum("hts,shd->thd", probs, v)
+
+    attn = out.reshape(T, n_heads * v_dim)
+    o = w.o_proj(attn)
+    notify_linear(observer, layer, w.o_proj.module, attn, o)
+    return o, cache

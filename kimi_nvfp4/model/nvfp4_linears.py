@@ -1,0 +1,123 @@
+"""How SGLang turns a layer's NVFP4 tensors into kernel parameters, and the same rules here.
+
+Rules (sglang python/sglang/srt/layers/quantization/modelopt_quant.py, ModelOptNvFp4FusedMoEMethod
+and ModelOptFp4LinearMethod `process_weights_after_loading`):
+- Routed experts, gate (w1) and up (w3) are one GEMM (w13) with ONE tensor scale, gate's:
+  `w13_weight_scale_2 = layer.w13_weight_scale_2[:, 0]` (a mismatch only logs "w1_weight_scale_2 must
+  match w3_weight_scale_2"). So up is dequantized with gate's weight_scale_2 here too.
+- Expert input scales on the flashinfer backends (`flashinfer_trtllm`, the Blackwell default for
+  Kimi; and `flashinfer_cutlass`): `w13_input_scale = layer.w13_input_scale.max()`,
+  `w2_input_scale = layer.w2_input_scale.max()` -- ONE activation scale per MoE layer for gate/up
+  (max over every expert's gate and up) and one for down. Reduction "layer_max".
+  The plain CUTLASS path instead uses `w13_input_scale.max(dim=1)` (per expert, max of gate/up) and
+  per-expert `w2_input_scale`: reduction "per_expert".
+- Fused dense NVFP4 linears (gate_up_proj of the dense MLP / shared expert; fused_qkv_a_proj_with_mqa)
+  take `input_scale.max()` and `weight_scale_2.max()` over the fused parts WITHOUT requantizing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Mapping
+
+import torch
+
+from ..errors import CheckpointError
+from .linear import ActivationMode, Linear, NVFP4Linear, NVFP4Tensor
+
+
+class InputScaleReduction(str, Enum):
+    LAYER_MAX = "layer_max"
+    PER_EXPERT = "per_expert"
+
+
+@dataclass
+class RawNvfp4:
+    """One NVFP4 linear's tensors as stored, before the engine's loading rules are applied."""
+
+    rel: str  # module name inside the layer, e.g. "mlp.experts.3.gate_proj"
+    full: str  # module name with prefix, for error messages
+    file: str
+    weight: torch.Tensor
+    weight_scale: torch.Tensor
+    weight_scale_2: torch.Tensor  # fp32 0-d
+    input_scale: torch.Tensor | None  # fp32 0-d
+
+    @property
+    def expert_and_proj(self) -> tuple[int, str]:
+        parts = self.rel.split(".")  # mlp.experts.E.proj
+        return int(parts[2]), parts[3]
+
+
+def _max(scales: list[torch.Tensor]) -> torch.Tensor:
+    return torch.stack(scales).max()
+
+
+class Nvfp4LinearBuilder:
+    def __init__(self, activations: str, reduction: InputScaleReduction, overrides: Mapping[str, torch.Tensor]):
+        self.mode = ActivationMode(activations)
+        self.reduction = reduction
+        self.overrides = dict(overrides)
+
+    def _input_scale(self, layer: int, r: RawNvfp4) -> torch.Tensor | None:
+        override = self.overrides.get(f"model.layers.{layer}.{r.rel}")
+        if override is not None:
+            return override.to(r.weight.device)
+        if r.input_scale is None and self.mode is ActivationMode.W4A4:
+            raise CheckpointError(
+                "has no input_scale, which W4A4 emulation needs (run `kimi-nvfp4 calibrate`, pass "
+                "input_scales=, or emulate W4A16)",
+                file=r.file, tensor=f"{r.full}.input_scale",
+            )
+        return r.input_scale
+
+    def build(
+        self, layer: int, raw: list[RawNvfp4], dtype: torch.dtype, *, experts: bool
+    ) -> dict[str, Linear]:
+        scales = {r.rel: self._input_scale(layer, r) for r in raw}
+        w4a4 = self.mode is ActivationMode.W4A4
+        if experts:
+            scale_2, act = self._expert_rules(raw, scales, w4a4)
+        else:
+            scale_2 = {r.rel: _max([x.weight_scale_2 for x in raw]) for r in raw}
+            act = {r.rel: _max([scales[x.rel] for x in raw]) if w4a4 else None for r in raw}
+        return {
+            r.rel: NVFP4Linear(
+                r.rel,
+                NVFP4Tensor(weight=r.weight, weight_scale=r.weight_scale, weight_scale_2=scale_2[r.rel]),
+                dtype,
+                input_scale=act[r.rel],
+                mode=self.mode,
+            )
+            for r in raw
+        }
+
+    def _expert_rules(self, raw: list[RawNvfp4], scales: dict, w4a4: bool):
+        by_expert: dict[int, dict[str, RawNvfp4]] = {}
+        for r in raw:
+            e, proj = r.expert_and_proj
+            by_expert.setdefault(e, {})[proj] = r
+        scale_2: dict[str, torch.Tensor] = {}
+        for projs in by_expert.values():
+            for proj, r in projs.items():
+                gate = projs.get("gate_proj")
+                scale_2[r.rel] = gate.weight_scale_2 if proj == "up_proj" and gate is not None else r.weight_scale_2
+        act: dict[str, torch.Tensor | None] = {r.rel: None for r in raw}
+        if not w4a4:
+            return scale_2, act
+        w13 = [r for r in raw if r.expert_and_proj[1] != "down_proj"]
+        w2 = [r for r in raw if r.expert_and_proj[1] == "down_proj"]
+        if self.reduction is InputScaleReduction.LAYER_MAX:
+            w13_scale = _max([scales[r.rel] for r in w13]) if w13 else None
+            w2_scale = _max([scales[r.rel] for r in w2]) if w2 else None
+            for r in w13:
+                act[r.rel] = w13_scale
+            for r in w2:
+                act[r.rel] = w2_scale
+        else:
+            for projs in by_expert.values():
+                pair = [scales[r.rel] for p, r in projs.items() if p != "down_proj"]
+                for p, r in projs.items():
+                    act[r.rel] = scales[r.rel] if p == "down_proj" else _max(pair)
+        return scale_2, act

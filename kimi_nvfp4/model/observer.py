@@ -1,0 +1,63 @@
+"""What a stage (calibrate, validate) sees of a running layer.
+
+An observer is any object with these methods (a `typing.Protocol`; `NullObserver` is a no-op base to
+subclass). Tensors passed are views into the live computation: reduce them at once (amax, sums),
+never keep references, never modify them.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@runtime_checkable
+class Observer(Protocol):
+    # True: the MoE also runs EVERY token through EVERY routed expert, for statistics only (reported
+    # through `on_linear(..., routed=False)`); the layer output is unchanged. Costs E/top_k times the
+    # expert compute of a normal forward.
+    route_all: bool
+
+    def on_linear(
+        self,
+        layer: int,
+        module: str,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        expert: int | None = None,
+        routed: bool = True,
+    ) -> None:
+        """One linear ran. `module` is the checkpoint module name without prefix
+        (`self_attn.q_a_proj`, `mlp.experts.3.gate_proj`, `mlp.shared_experts.up_proj`, `mlp.gate_proj`).
+        `x [rows, in]` is the input BEFORE any activation quantization (what calibration must measure),
+        `y [rows, out]` the output. For an expert, `x` holds only its routed tokens (or, with
+        `routed=False`, all tokens of the chunk). The runner passes `routed` only when it is False."""
+
+    def on_router(self, layer: int, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> None:
+        """The router chose `topk_ids [T, k]` (long) with combine weights `topk_weights [T, k]`
+        (normalised, times routed_scaling_factor), for one chunk of T tokens."""
+
+
+class NullObserver:
+    """Does nothing; subclass it and override what you need."""
+
+    route_all: bool = False
+
+    def on_linear(self, layer, module, x, y, expert=None, routed=True) -> None:
+        pass
+
+    def on_router(self, layer, topk_ids, topk_weights) -> None:
+        pass
+
+
+def notify_linear(
+    observer: Observer | None, layer: int, module: str, x: torch.Tensor, y: torch.Tensor,
+    expert: int | None = None, routed: bool = True,
+) -> None:
+    if observer is None:
+        return
+    if routed:
+        observer.on_linear(layer, module, x, y, expert=expert)
+    else:
+        observer.on_linear(layer, module, x, y, expert=expert, routed=False)

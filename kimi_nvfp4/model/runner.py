@@ -1,0 +1,175 @@
+"""Run the model one decoder layer at a time over many sequences (calibrate, validate).
+
+Memory: one layer's weights (experts kept compressed, dequantized one expert at a time) plus every
+sequence's hidden states `[seq_len, hidden]` -- on the compute device, or on `states_device` (e.g.
+"cpu" while computing on "cuda") when they do not fit. Token-wise work (MLP/MoE, lm_head) runs on
+chunks of at most `max_chunk_tokens` tokens; attention runs per sequence with its score matrix
+blocked to `attention.ATTENTION_SCORE_BUDGET`.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from .attention import rms_norm
+from .decoder import attention_block, mlp_block
+from .layer_weights import LayerWeights
+from .observer import Observer
+from .rope import RotaryEmbedding
+from .weights import WeightSource
+
+# MoE/lm_head work per chunk: ~4 x tokens x hidden floats (1.9 GB at 16k K2.6 tokens in fp32). Larger
+# chunks mean fewer dequantizations of each expert (once per chunk unless `materialize_layers`).
+DEFAULT_MAX_CHUNK_TOKENS = 16384
+
+
+@dataclass
+class HiddenStates:
+    """Each sequence's residual stream `[seq_len, hidden]`, in input order."""
+
+    sequences: list[torch.Tensor]
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+    @property
+    def lengths(self) -> list[int]:
+        return [s.shape[0] for s in self.sequences]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.lengths)
+
+
+def token_chunks(lengths: Sequence[int], max_tokens: int | None) -> Iterator[list[tuple[int, int, int]]]:
+    """Cover every (sequence, position) once, in order, with chunks of at most `max_tokens` tokens.
+
+    Each chunk is a list of `(sequence index, start, end)` pieces.
+    """
+    budget = max_tokens or max(1, sum(lengths))
+    chunk: list[tuple[int, int, int]] = []
+    room = budget
+    for si, n in enumerate(lengths):
+        start = 0
+        while start < n:
+            take = min(room, n - start)
+            chunk.append((si, start, start + take))
+            start += take
+            room -= take
+            if room == 0:
+                yield chunk
+                chunk, room = [], budget
+    if chunk:
+        yield chunk
+
+
+class LayerStreamRunner:
+    def __init__(
+        self,
+        source: WeightSource,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        max_chunk_tokens: int | None = DEFAULT_MAX_CHUNK_TOKENS,
+        states_device: torch.device | str | None = None,
+        progress: bool = True,
+        materialize_layers: bool = False,
+        prefetch: bool = False,
+    ):
+        self.source = source
+        self.config = source.config
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.max_chunk_tokens = max_chunk_tokens
+        self.states_device = torch.device(states_device) if states_device is not None else self.device
+        self.progress = progress
+        # dequantize every linear once per layer (32 bits/weight: 68 GB for a K2.6 layer in fp32) instead
+        # of once per expert per chunk; worth it when the device has the room
+        self.materialize_layers = materialize_layers
+        # `apply_layer(i)` starts loading layer i+1 in a background thread (two layers resident)
+        self.prefetch_next = prefetch
+        self.rope = RotaryEmbedding.from_config(self.config)
+        self._loader: ThreadPoolExecutor | None = None
+        self._pending: tuple[int, Future] | None = None
+
+    @property
+    def num_layers(self) -> int:
+        return self.config.num_hidden_layers
+
+    def embed(self, sequences: Sequence[torch.Tensor]) -> HiddenStates:
+        table = self.source.embed("cpu")
+        out = []
+        for i, ids in enumerate(sequences):
+            ids = torch.as_tensor(ids, dtype=torch.long).reshape(-1).cpu()
+            if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= table.shape[0]):
+                raise ValueError(f"sequence {i}: token ids must lie in [0, {table.shape[0]})")
+            out.append(table[ids].to(device=self.states_device, dtype=self.dtype))
+        return HiddenStates(out)
+
+    def _load(self, i: int) -> LayerWeights:
+        w = self.source.layer(i, self.device, self.dtype)
+        if self.materialize_layers:
+            w.materialize()
+        return w
+
+    def prefetch(self, i: int) -> None:
+        """Start loading layer i in a background thread; the next `apply_layer(i, ...)` picks it up."""
+        if not 0 <= i < self.num_layers or (self._pending is not None and self._pending[0] == i):
+            return
+        if self._loader is None:
+            self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="layer-prefetch")
+        self._pending = (i, self._loader.submit(self._load, i))
+
+    def _take(self, i: int) -> LayerWeights:
+        pending, self._pending = self._pending, None
+        if pending is not None and pending[0] == i:
+            return pending[1].result()
+        if pending is not None:
+            pending[1].result()  # finish (and drop) a prefetch nobody asked for
+        return self._load(i)
+
+    def apply_layer(self, i: int, states: HiddenStates, observer: Observer | None = None) -> HiddenStates:
+        """Load layer i (or take the prefetched one), run every sequence through it, free it."""
+        w = self._take(i)
+        if self.prefetch_next:
+            self.prefetch(i + 1)
+        cfg = self.config
+        after_attn = []
+        for x in states.sequences:
+            h, _ = attention_block(
+                cfg, self.rope, w, x.to(self.device), observer=observer, max_chunk_tokens=self.max_chunk_tokens
+            )
+            after_attn.append(h.to(self.states_device))
+        for chunk in token_chunks([h.shape[0] for h in after_attn], self.max_chunk_tokens):
+            x = torch.cat([after_attn[si][a:b] for si, a, b in chunk]).to(self.device)
+            y = mlp_block(cfg, w, x, observer=observer).to(self.states_device)
+            offset = 0
+            for si, a, b in chunk:
+                after_attn[si][a:b] = y[offset : offset + b - a]
+                offset += b - a
+        del w
+        return HiddenStates(after_attn)
+
+    def logits(self, states: HiddenStates) -> Iterator[torch.Tensor]:
+        """Per sequence, `[seq_len, vocab]` logits on the compute device (final norm, then lm_head)."""
+        norm = self.source.final_norm(self.device)
+        head = self.source.lm_head(self.device).to(self.dtype)
+        step = self.max_chunk_tokens or None
+        for x in states.sequences:
+            parts = []
+            for start in range(0, x.shape[0], step or max(1, x.shape[0])):
+                piece = x[start : start + step if step else None].to(self.device)
+                parts.append(F.linear(rms_norm(piece, norm, self.config.rms_norm_eps), head))
+            yield torch.cat(parts) if parts else x.new_zeros(0, head.shape[0], device=self.device)
+
+    def run(self, sequences: Sequence[torch.Tensor], observer: Observer | None = None) -> Iterator[torch.Tensor]:
+        """Embed, every layer in turn, then yield each sequence's logits."""
+        states = self.embed(sequences)
+        for i in tqdm(range(self.num_layers), desc="layers", disable=not self.progress):
+            states = self.apply_layer(i, states, observer)
+        yield from self.logits(states)

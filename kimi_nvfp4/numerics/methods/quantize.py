@@ -1,0 +1,149 @@
+"""INT4 matrices -> NVFP4 tensors with a chosen scale-selection method.
+
+All matrices passed together share one weight_scale_2: SGLang keeps only gate's (w1) scale for the
+fused gate/up (w13) weight of an expert (srt/layers/quantization/modelopt_quant.py,
+ModelOptNvFp4FusedMoEMethod.process_weights_after_loading), so convert passes gate and up together.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from ..constants import E2M1_MAX, E4M3_MAX, NVFP4_BLOCK_SIZE
+from ..e4m3 import e4m3_bits, e4m3_from_bits, round_block_scale_to_e4m3
+from ..nvfp4 import ZERO_BLOCK_SCALE, NVFP4Tensor, encode_with_block_scales, quantize_nvfp4, tensor_scale_from_amax
+from ..e2m1 import pack_e2m1
+from .block_search import block_codes_and_scales, candidate_errors, magnitude_histogram, select_best
+from .candidates import all_positive_bits, int4_aware_bits
+from .types import Int4Matrix, ScaleMethod
+
+__all__ = ["DEFAULT_METHOD", "quantize_int4_matrices", "shared_tensor_scale", "search_block_scales"]
+
+DEFAULT_METHOD = ScaleMethod.INT4_AWARE
+
+# Upper bound on elements of the largest temporary ([rows, blocks, candidates, 8] fp32) per step:
+# 2**24 * 4 B = 64 MiB, so a [7168, 2048] matrix never needs 126x its size.
+_WORK_ELEMENTS = 1 << 24
+# Rows per step of the plain amax path (a few fp32 temporaries of rows x in).
+_AMAX_ROW_CHUNK = 2048
+_MAGNITUDE_CLASSES = 8
+# block_amax / 3.5 = 2 * s_group for a block whose largest |code| is 7 (SPEC §3).
+INT4_AWARE_HEADROOM = 3.5
+
+
+def shared_tensor_scale(mats: Sequence[Int4Matrix], method: ScaleMethod | str = ScaleMethod.AMAX) -> torch.Tensor:
+    """One weight_scale_2 for all `mats`, from their largest |value|.
+
+    AMAX: Model Optimizer's amax / (6 * 448). INT4_AWARE and SWEEP: the power of two at or above
+    amax / (448 * 3.5). The headroom lets the largest blocks use d = 2 * s_group (|q|max 7 needs
+    block_amax / 3.5, beyond amax/6's ceiling of 448); the power of two makes `e4m3 * weight_scale_2`
+    exact, so `2 * s_group` is itself a block scale whenever `s_group` has at most 3 mantissa bits.
+    """
+    method = ScaleMethod(method)
+    amax = torch.stack([m.amax() for m in mats]).amax()
+    if method is ScaleMethod.AMAX or not float(amax) > 0:
+        return tensor_scale_from_amax(amax)
+    exponent = math.ceil(math.log2(float(amax) / (E4M3_MAX * INT4_AWARE_HEADROOM)))
+    return torch.tensor(2.0**exponent, dtype=torch.float32, device=amax.device)
+
+
+def _candidate_bits(method: ScaleMethod, block_codes, block_scale, weight_scale_2) -> torch.Tensor:
+    rows, blocks = block_scale.shape
+    if method is ScaleMethod.SWEEP:
+        return all_positive_bits(rows, blocks, block_scale.device)
+    block_max_code = block_codes.to(torch.int16).abs().amax(dim=-1)
+    return int4_aware_bits(block_max_code, block_scale, weight_scale_2)
+
+
+def _amax_bits(block_codes: torch.Tensor, block_scale: torch.Tensor, weight_scale_2: torch.Tensor) -> torch.Tensor:
+    """Model Optimizer's block scale (amax/6 rule) as one candidate `[R, nb, 1]`, from codes and group scale."""
+    block_amax = block_codes.to(torch.int16).abs().amax(dim=-1).to(torch.float32) * block_scale.abs()
+    scale = block_amax / (E2M1_MAX * weight_scale_2)
+    scale = torch.where(scale == 0, torch.full_like(scale, ZERO_BLOCK_SCALE), scale)
+    return e4m3_bits(round_block_scale_to_e4m3(scale)).unsqueeze(-1)
+
+
+def search_block_scales(
+    m: Int4Matrix,
+    weight_scale_2: torch.Tensor,
+    method: ScaleMethod,
+    baseline_scale_2: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, float, float]:
+    """Block scales `[out, in/16]` (float8_e4m3fn) chosen by `method` (INT4_AWARE or SWEEP).
+
+    Also returns the summed block error of the choice and, when `baseline_scale_2` is given, of
+    Model Optimizer's amax rule under that tensor scale (0.0 otherwise), so callers can fall back.
+    """
+    out_features, in_features = m.shape
+    blocks = in_features // NVFP4_BLOCK_SIZE
+    probe = _candidate_bits(method, *block_codes_and_scales(m.codes[:1], m.group_scale[:1]), weight_scale_2)
+    per_row = max(1, blocks * probe.shape[-1] * _MAGNITUDE_CLASSES)
+    row_chunk = max(1, _WORK_ELEMENTS // per_row)
+    chosen = torch.empty((out_features, blocks), dtype=torch.uint8, device=m.device)
+    one = torch.tensor(ZERO_BLOCK_SCALE, dtype=torch.float8_e4m3fn, device=m.device).view(torch.uint8)
+    chosen_error = 0.0
+    baseline_error = 0.0
+    for start in range(0, out_features, row_chunk):
+        stop = min(out_features, start + row_chunk)
+        block_codes, block_scale = block_codes_and_scales(m.codes[start:stop], m.group_scale[start:stop])
+        bits = _candidate_bits(method, block_codes, block_scale, weight_scale_2)
+        histogram = magnitude_histogram(block_codes)
+        errors = candidate_errors(histogram, block_scale, bits, weight_scale_2)
+        best = select_best(errors, bits)
+        chosen_error += float(errors.amin(dim=-1).double().sum())
+        if baseline_scale_2 is not None:
+            baseline_bits = _amax_bits(block_codes, block_scale, baseline_scale_2)
+            baseline = candidate_errors(histogram, block_scale, baseline_bits, baseline_scale_2)
+            baseline_error += float(baseline.double().sum())
+        # An all-zero block is exact under any scale; keep Model Optimizer's 1.0 for it.
+        zero = (histogram.sum(dim=-1) == 0) | (block_scale == 0)
+        chosen[start:stop] = torch.where(zero, one, best)
+    return e4m3_from_bits(chosen), chosen_error, baseline_error
+
+
+def _encode_rows(m: Int4Matrix, block_scale: torch.Tensor, weight_scale_2: torch.Tensor) -> torch.Tensor:
+    packed = torch.empty((m.shape[0], m.shape[1] // 2), dtype=torch.uint8, device=m.device)
+    for start in range(0, m.shape[0], _AMAX_ROW_CHUNK):
+        stop = min(m.shape[0], start + _AMAX_ROW_CHUNK)
+        values = m.rows(start, stop).values()
+        packed[start:stop] = pack_e2m1(encode_with_block_scales(values, block_scale[start:stop], weight_scale_2))
+    return packed
+
+
+def _quantize_amax(m: Int4Matrix, weight_scale_2: torch.Tensor) -> NVFP4Tensor:
+    weights, scales = [], []
+    for start in range(0, m.shape[0], _AMAX_ROW_CHUNK):
+        part = quantize_nvfp4(m.rows(start, start + _AMAX_ROW_CHUNK).values(), weight_scale_2=weight_scale_2)
+        weights.append(part.weight)
+        scales.append(part.weight_scale)
+    return NVFP4Tensor(torch.cat(weights), torch.cat(scales), weight_scale_2)
+
+
+def quantize_int4_matrices(
+    mats: Sequence[Int4Matrix], method: ScaleMethod | str = DEFAULT_METHOD
+) -> list[NVFP4Tensor]:
+    """Convert INT4 matrices that share ONE weight_scale_2 (an expert's gate+up, or a down alone)."""
+    method = ScaleMethod(method)
+    if not mats:
+        return []
+    devices = {m.device for m in mats}
+    if len(devices) != 1:
+        raise ValueError(f"matrices converted together must share a device, got {sorted(map(str, devices))}")
+    baseline_scale_2 = shared_tensor_scale(mats, ScaleMethod.AMAX)
+    if method is ScaleMethod.AMAX:
+        return [_quantize_amax(m, baseline_scale_2) for m in mats]
+    weight_scale_2 = shared_tensor_scale(mats, method)
+    searched = [search_block_scales(m, weight_scale_2, method, baseline_scale_2) for m in mats]
+    # The search tensor scale differs from Model Optimizer's, so block-wise dominance over `amax` does
+    # not carry over to whole matrices by construction; compare the group's totals and keep amax's
+    # result in the (never observed) case it is better. The totals are float64 sums of fp32 block
+    # errors; their order may differ by device, which could only matter for a near-exact tie.
+    if sum(e for _, e, _ in searched) > sum(b for _, _, b in searched):
+        return [_quantize_amax(m, baseline_scale_2) for m in mats]
+    return [
+        NVFP4Tensor(_encode_rows(m, block_scale, weight_scale_2), block_scale, weight_scale_2)
+        for m, (block_scale, _, _) in zip(mats, searched)
+    ]

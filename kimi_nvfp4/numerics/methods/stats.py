@@ -1,0 +1,80 @@
+"""Error of an NVFP4 matrix against the exact INT4 values it was converted from."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from ..nvfp4 import NVFP4Tensor, dequantize_nvfp4
+from .types import Int4Matrix
+
+__all__ = ["MatrixErrorStats", "error_stats"]
+
+# Rows per step: bounds the float32 temporaries for a [7168, 2048] matrix to a few MB.
+_STATS_ROW_CHUNK = 1024
+
+
+@dataclass
+class MatrixErrorStats:
+    """Per converted matrix; recorded in the conversion manifest's `tensor_stats`."""
+
+    rel_mse: float  # sum of squared error / sum of squares of the INT4 values
+    exact_fraction: float  # fraction of elements reproduced exactly
+    max_abs_error: float
+    numel: int
+    sum_squared_error: float = 0.0  # kept so that stats of many matrices can be pooled exactly
+    sum_squares: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> MatrixErrorStats:
+        return cls(**data)
+
+    @classmethod
+    def pooled(cls, stats: list[MatrixErrorStats]) -> MatrixErrorStats:
+        """Stats of the concatenation of several matrices."""
+        numel = sum(s.numel for s in stats)
+        sse = sum(s.sum_squared_error for s in stats)
+        ss = sum(s.sum_squares for s in stats)
+        exact = sum(s.exact_fraction * s.numel for s in stats)
+        return cls(
+            rel_mse=sse / ss if ss > 0 else 0.0,
+            exact_fraction=exact / numel if numel else 1.0,
+            max_abs_error=max((s.max_abs_error for s in stats), default=0.0),
+            numel=numel,
+            sum_squared_error=sse,
+            sum_squares=ss,
+        )
+
+
+def error_stats(m: Int4Matrix, q: NVFP4Tensor) -> MatrixErrorStats:
+    """Compare `q` (dequantized as Model Optimizer does) with the exact values of `m`."""
+    if tuple(q.shape) != tuple(m.shape):
+        raise ValueError(f"NVFP4 shape {q.shape} does not match INT4 shape {m.shape}")
+    sse = 0.0
+    ss = 0.0
+    exact = 0
+    max_abs = 0.0
+    rows = m.shape[0]
+    for start in range(0, rows, _STATS_ROW_CHUNK):
+        stop = min(rows, start + _STATS_ROW_CHUNK)
+        ref = m.rows(start, stop).values()
+        part = NVFP4Tensor(q.weight[start:stop], q.weight_scale[start:stop], q.weight_scale_2)
+        diff = dequantize_nvfp4(part.to(ref.device)) - ref
+        sse += float(diff.double().square().sum())
+        ss += float(ref.double().square().sum())
+        exact += int((diff == 0).sum())
+        if diff.numel():
+            max_abs = max(max_abs, float(diff.abs().max()))
+    numel = m.codes.numel()
+    return MatrixErrorStats(
+        rel_mse=sse / ss if ss > 0 else 0.0,
+        exact_fraction=exact / numel if numel else 1.0,
+        max_abs_error=max_abs,
+        numel=numel,
+        sum_squared_error=sse,
+        sum_squares=ss,
+    )

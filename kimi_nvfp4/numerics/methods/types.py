@@ -1,0 +1,76 @@
+"""The inputs of scale selection: INT4 matrices as the source checkpoint stores them, and method names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+import torch
+
+from ..constants import INT4_GROUP_SIZE, INT4_MAX, INT4_MIN, NVFP4_BLOCK_SIZE
+from ..int4 import group_scales_fp32, unpack_int4
+
+__all__ = ["ScaleMethod", "Int4Matrix"]
+
+
+class ScaleMethod(str, Enum):
+    """How NVFP4 block scales (and the tensor scale) are chosen for an INT4 source matrix."""
+
+    AMAX = "amax"  # Model Optimizer's rule on the dequantized values, bit-identical to NVFP4QTensor.quantize
+    INT4_AWARE = "int4-aware"  # few candidates per block derived from the INT4 codes and group scale
+    SWEEP = "sweep"  # all 126 positive E4M3 block scales per block (quality reference)
+
+
+@dataclass
+class Int4Matrix:
+    """One INT4 linear: `W = codes * group_scale[:, col // 32]`, exact in float32."""
+
+    codes: torch.Tensor  # int8 [out, in], values in [-8, 7]
+    group_scale: torch.Tensor  # float32 [out, in/32] (bf16 values widened)
+
+    def __post_init__(self) -> None:
+        if self.codes.dtype != torch.int8 or self.codes.ndim != 2:
+            raise ValueError(f"Int4Matrix codes must be 2-d int8, got {self.codes.dtype} {tuple(self.codes.shape)}")
+        out_features, in_features = self.codes.shape
+        if in_features % INT4_GROUP_SIZE or in_features % NVFP4_BLOCK_SIZE:
+            raise ValueError(f"input dimension {in_features} is not a multiple of the INT4 group {INT4_GROUP_SIZE}")
+        expected = (out_features, in_features // INT4_GROUP_SIZE)
+        if tuple(self.group_scale.shape) != expected:
+            raise ValueError(f"group_scale shape {tuple(self.group_scale.shape)}, expected {expected}")
+        if self.group_scale.dtype != torch.float32:
+            self.group_scale = self.group_scale.to(torch.float32)
+
+    @classmethod
+    def from_packed(cls, weight_packed: torch.Tensor, weight_scale: torch.Tensor, in_features: int) -> Int4Matrix:
+        """From compressed-tensors `weight_packed` int32 `[out, in/8]` and `weight_scale` bf16 `[out, in/32]`."""
+        return cls(unpack_int4(weight_packed, in_features), weight_scale.to(torch.float32))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.codes.shape)
+
+    @property
+    def device(self) -> torch.device:
+        return self.codes.device
+
+    def to(self, device: torch.device | str) -> Int4Matrix:
+        return Int4Matrix(self.codes.to(device), self.group_scale.to(device))
+
+    def rows(self, start: int, stop: int) -> Int4Matrix:
+        return Int4Matrix(self.codes[start:stop], self.group_scale[start:stop])
+
+    def values(self) -> torch.Tensor:
+        """float32 `[out, in]`; exact (4-bit code times bf16 scale)."""
+        return self.codes.to(torch.float32) * group_scales_fp32(self.group_scale, self.codes.shape[1])
+
+    def amax(self) -> torch.Tensor:
+        """max |W| as float32 0-d, from the group scales and the largest |code| per group."""
+        if self.codes.numel() == 0:
+            return torch.zeros((), dtype=torch.float32, device=self.device)
+        groups = self.codes.reshape(self.codes.shape[0], -1, INT4_GROUP_SIZE)
+        group_max = groups.to(torch.int16).abs().amax(dim=-1).to(torch.float32)
+        return (group_max * self.group_scale.abs()).amax()
+
+    def validate_codes(self) -> None:
+        if self.codes.numel() and (int(self.codes.min()) < INT4_MIN or int(self.codes.max()) > INT4_MAX):
+            raise ValueError("int4 codes must lie in [-8, 7]")

@@ -1,0 +1,162 @@
+"""Refusals: publish only a checkpoint whose every shard is complete and intact, and that passed validate.
+
+Shard integrity can never be overridden (a corrupt shard on the Hub is worse than no upload); a missing or
+failed validation can, with `force_unvalidated=True`, and the model card then says so in its first lines.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from ..checkpoint.manifest import MANIFEST_NAME, load_manifest
+from ..checkpoint.reader import INDEX_NAME
+from ..errors import CheckpointError, GateFailure
+from .files import GLOB_CHARACTERS, list_publish_files, partial_files
+
+# Large reads keep the hash disk-bound (hashlib releases the GIL, so shards hash in parallel threads).
+HASH_CHUNK_BYTES = 16 * 1024 * 1024
+VALIDATE_STAGE = "validate"
+VALIDATE_REPORT_NAME = "validate_report.json"
+# Keys under which a validate StageRecord.outputs / validate report may carry its overall verdict.
+_VERDICT_KEYS = ("passed", "gates_passed", "all_passed")
+
+
+@dataclass
+class Readiness:
+    """What the checks found: used by the card (forced flag, validation verdict) and by `--dry-run`."""
+
+    shards_verified: int
+    shard_bytes: int
+    validation_passed: bool | None  # None: no validation result found
+    validation_source: str | None  # where the verdict was read from
+    forced_unvalidated: bool
+    notes: list[str] = field(default_factory=list)
+
+
+def sha256_file(path: Path, bar: tqdm | None = None) -> str:
+    """Streaming sha256 of one file (bounded memory for 10 GB shards)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(HASH_CHUNK_BYTES):
+            digest.update(chunk)
+            if bar is not None:
+                bar.update(len(chunk))
+    return digest.hexdigest()
+
+
+def _find_verdict(data: Any) -> bool | None:
+    if isinstance(data, dict):
+        for key in _VERDICT_KEYS:
+            if isinstance(data.get(key), bool):
+                return data[key]
+    return None
+
+
+def find_validation_verdict(folder: Path, manifest: Any, report_dir: Path | None) -> tuple[bool | None, str | None]:
+    """The validate verdict: from the manifest's `stages["validate"]`, else from `validate_report.json`."""
+    record = manifest.stages.get(VALIDATE_STAGE)
+    if record is not None:
+        if not record.complete:
+            return False, f"{MANIFEST_NAME} stages.validate (not complete)"
+        verdict = _find_verdict(record.outputs)
+        if verdict is not None:
+            return verdict, f"{MANIFEST_NAME} stages.validate"
+        report = record.outputs.get("report_json") or record.outputs.get("report")
+        if isinstance(report, str) and report.endswith(".json"):
+            candidates = [Path(report) if Path(report).is_absolute() else folder / report]
+        else:
+            candidates = []
+    else:
+        candidates = []
+    for directory in (report_dir, folder / "reports", folder):
+        if directory is not None:
+            candidates.append(Path(directory) / VALIDATE_REPORT_NAME)
+    for path in candidates:
+        if path.is_file():
+            try:
+                verdict = _find_verdict(json.loads(path.read_text()))
+            except json.JSONDecodeError as e:
+                raise CheckpointError(f"validate report is not valid JSON ({e})", file=path) from None
+            if verdict is not None:
+                return verdict, str(path)
+    return None, None
+
+
+def check_shards(folder: Path, manifest: Any, *, workers: int = 4, progress: bool = True) -> tuple[int, int]:
+    """Every shard the index names is in the manifest, present, of the recorded size and sha256.
+
+    Returns (shard count, total bytes). Raises CheckpointError naming the first bad file.
+    """
+    manifest_path = folder / MANIFEST_NAME
+    if not manifest.complete:
+        raise CheckpointError("the manifest says the conversion is not complete (re-run convert)", file=manifest_path)
+    partial = partial_files(folder)
+    if partial:
+        raise CheckpointError(f"half-written file(s) present: {', '.join(partial)} (a stage is running or crashed)",
+                              file=folder)
+    shards = {record.file: record for record in manifest.shards.values()}
+    index_path = folder / INDEX_NAME
+    if index_path.is_file():
+        try:
+            indexed = set(json.loads(index_path.read_text())["weight_map"].values())
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise CheckpointError(f"index is malformed ({e})", file=index_path) from None
+        for file in sorted(indexed - set(shards)):
+            raise CheckpointError("the index names this shard but the manifest has no record of it",
+                                  file=folder / file)
+    for item in list_publish_files(folder):
+        if GLOB_CHARACTERS & set(item.path):
+            raise CheckpointError("file name contains a glob character (* ? [ ]); rename it", file=folder / item.path)
+        if item.path.endswith(".safetensors") and "/" not in item.path and item.path not in shards:
+            raise CheckpointError("safetensors file is neither in the manifest nor the index (stray file)",
+                                  file=folder / item.path)
+    for file, record in sorted(shards.items()):
+        path = folder / file
+        if not path.is_file():
+            raise CheckpointError("shard recorded in the manifest is missing", file=path)
+        size = path.stat().st_size
+        if size != record.bytes:
+            raise CheckpointError(f"shard has {size} bytes, the manifest records {record.bytes}", file=path)
+    total = sum(r.bytes for r in shards.values())
+    with tqdm(total=total, unit="B", unit_scale=True, desc="verify sha256", disable=not progress) as bar:
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            digests = dict(zip(sorted(shards), pool.map(lambda f: sha256_file(folder / f, bar), sorted(shards))))
+    for file, record in sorted(shards.items()):
+        if digests[file] != record.sha256:
+            raise CheckpointError(f"sha256 {digests[file]} does not match the manifest's {record.sha256} "
+                                  "(shard modified or corrupt)", file=folder / file)
+    return len(shards), total
+
+
+def check_publishable(
+    folder: str | Path,
+    *,
+    force_unvalidated: bool = False,
+    report_dir: str | Path | None = None,
+    workers: int = 4,
+    progress: bool = True,
+) -> Readiness:
+    """Refuse (raise) unless the folder is a complete, intact, validated conversion.
+
+    Raises CheckpointError (exit 3) for a missing/incomplete manifest or a bad shard, and GateFailure (exit 1)
+    when validate is missing or failed and `force_unvalidated` is False.
+    """
+    root = Path(folder)
+    manifest = load_manifest(root)
+    count, total = check_shards(root, manifest, workers=workers, progress=progress)
+    passed, source = find_validation_verdict(root, manifest, Path(report_dir) if report_dir else None)
+    notes = []
+    if passed is not True:
+        problem = ("validate has not run (no stages.validate in the manifest, no validate_report.json)"
+                   if passed is None else f"validate did not pass (per {source})")
+        if not force_unvalidated:
+            raise GateFailure(f"{root}: {problem}; run `kimi-nvfp4 validate` or pass --force-unvalidated")
+        notes.append(f"published with --force-unvalidated: {problem}")
+    return Readiness(count, total, passed, source, force_unvalidated and passed is not True, notes)

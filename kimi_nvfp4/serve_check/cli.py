@@ -1,0 +1,111 @@
+"""`kimi-nvfp4 serve-check` and `kimi-nvfp4 serve-reference`: thin click layers over the Python API."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .launcher import DEFAULT_READY_TIMEOUT_S
+from .profiles import DEFAULT_PORT, PROFILES, parse_extra_args
+
+GATE_CHOICES = ("auto", "production", "reference", "none")
+
+
+def _int_list(ctx, param, value: str | None) -> list[int] | None:
+    if value is None:
+        return None
+    try:
+        return [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {value!r}") from None
+
+
+@click.command("serve-check")
+@click.argument("checkpoint", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--profile", type=str, help=f"launch SGLang with a profile: {', '.join(PROFILES)} (suffix -naive: "
+              "radix cache off, BF16 KV)")
+@click.option("--url", help="use a server that is already running (SGLang or serve-reference) instead")
+@click.option("--report", "report_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="folder for serve_check.{json,md,png} and server logs")
+@click.option("--compare", help="second configuration (profile or URL) measured with the same load, same chart")
+@click.option("--extra-args", default=None, help="extra SGLang flags, override the profile's (quoted string)")
+@click.option("--compare-extra-args", default=None, help="extra SGLang flags for --compare")
+@click.option("--port", type=int, default=DEFAULT_PORT, show_default=True, help="port for a launched SGLang")
+@click.option("--ready-timeout", type=float, default=DEFAULT_READY_TIMEOUT_S, show_default=True,
+              help="seconds to wait for /health_generate")
+@click.option("--quick", is_flag=True, help="small load and quality sets (the demo preset, ~1-2 min on CPU)")
+@click.option("--concurrency", callback=_int_list, help="concurrent sessions per point, e.g. 1,2,4,6,8,16,32")
+@click.option("--sessions", type=int, help="sessions each user runs per point")
+@click.option("--turns", type=int, help="requests per session")
+@click.option("--input-tokens", type=int, help="mean prompt tokens per request")
+@click.option("--output-tokens", type=int, help="output tokens per request")
+@click.option("--tool-gap", type=float, help="seconds between a reply and the next turn")
+@click.option("--point-timeout", type=float, help="wall-clock limit per concurrency point (s)")
+@click.option("--request-timeout", type=float, help="limit per request (s)")
+@click.option("--num-gpus", type=int, help="GPUs behind the server for per-GPU throughput (default: profile TP)")
+@click.option("--no-load", is_flag=True, help="skip the load sweep")
+@click.option("--no-humaneval", is_flag=True, help="skip HumanEval")
+@click.option("--humaneval-limit", type=int, help="first N HumanEval problems")
+@click.option("--no-tool-calls", is_flag=True, help="skip the tool-call check")
+@click.option("--no-agreement", is_flag=True, help="skip the emulator agreement check (it runs the model locally)")
+@click.option("--agreement-device", default="cpu", show_default=True, help="device for the local emulator")
+@click.option("--gates", type=click.Choice(GATE_CHOICES), default="auto", show_default=True,
+              help="auto: reference gates for the reference server, production gates otherwise")
+@click.option("--no-progress", is_flag=True, help="no progress bars")
+def serve_check_command(checkpoint, profile, url, report_dir, compare, extra_args, compare_extra_args, port,
+                        ready_timeout, quick, concurrency, sessions, turns, input_tokens, output_tokens, tool_gap,
+                        point_timeout, request_timeout, num_gpus, no_load, no_humaneval, humaneval_limit,
+                        no_tool_calls, no_agreement, agreement_device, gates, no_progress):
+    """Serve CHECKPOINT (launch SGLang with --profile, or attach with --url), load it with closed-loop
+    coding-agent sessions across a concurrency sweep, run quality smoke tests, and write a report.
+
+    Exit code 0 when every gate passes, 1 when one fails (the report says which), 5 when the GPUs do
+    not fit the profile, 6 when the server fails to start.
+    """
+    from .api import raise_on_failure, run_serve_check
+    from .report import Gates, QualityConfig
+    from .workload import LoadConfig
+
+    overrides = {k: v for k, v in dict(
+        concurrency=concurrency, sessions_per_user=sessions, turns=turns, input_tokens=input_tokens,
+        output_tokens=output_tokens, tool_gap_s=tool_gap, point_timeout_s=point_timeout,
+        request_timeout_s=request_timeout, num_gpus=num_gpus).items() if v is not None}
+    load = None if no_load else (LoadConfig.quick(**overrides) if quick else LoadConfig(**overrides))
+    gate_set = {"auto": None, "production": Gates.production(), "reference": Gates.reference(),
+                "none": Gates(max_load_error_rate=None)}[gates]
+    q_over = {k: v for k, v in dict(humaneval=not no_humaneval, tool_calls=not no_tool_calls,
+                                    agreement=not no_agreement, humaneval_limit=humaneval_limit,
+                                    agreement_device=agreement_device, gates=gate_set).items() if v is not None}
+    quality = QualityConfig.quick(**q_over) if quick else QualityConfig(**q_over)
+    report = run_serve_check(
+        checkpoint, profile=profile, url=url, report_dir=report_dir, load=load, quality=quality, compare=compare,
+        extra_args=parse_extra_args(extra_args), compare_extra_args=parse_extra_args(compare_extra_args),
+        port=port, ready_timeout_s=ready_timeout, progress=not no_progress,
+    )
+    click.echo(f"serve-check {'passed' if report.passed else 'FAILED'}; report in {report_dir}/serve_check.md")
+    raise_on_failure(report)
+
+
+@click.command("serve-reference")
+@click.argument("checkpoint", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=DEFAULT_PORT, show_default=True)
+@click.option("--device", default="cpu", show_default=True, help="torch device for the emulator")
+@click.option("--activations", type=click.Choice(["w4a4", "w4a16"]), default="w4a4", show_default=True,
+              help="emulate Blackwell W4A4 or Hopper Marlin W4A16 experts")
+@click.option("--prefix-cache-tokens", type=int, default=None, help="prefix cache budget in tokens")
+@click.option("--model-name", default=None, help="served model name (default: folder name)")
+def serve_reference_command(checkpoint, host, port, device, activations, prefix_cache_tokens, model_name):
+    """Serve an NVFP4 CHECKPOINT through the reference emulator with the subset of SGLang's HTTP API
+    that serve-check uses (chat completions with streaming, usage and cached tokens; /generate;
+    /health_generate; /v1/models; /get_server_info). Slow but exact: for CI and for debugging a
+    checkpoint on a machine without Blackwell GPUs. Ctrl-C stops it.
+    """
+    from .engine import DEFAULT_PREFIX_CACHE_TOKENS, EmulatorEngine
+    from .reference_server import serve_forever
+
+    engine = EmulatorEngine(checkpoint, device=device, activations=activations, model_name=model_name,
+                            prefix_cache_tokens=prefix_cache_tokens or DEFAULT_PREFIX_CACHE_TOKENS)
+    click.echo(f"serving {checkpoint} ({activations}, {device}) on http://{host}:{port}", err=True)
+    serve_forever(engine, host, port)

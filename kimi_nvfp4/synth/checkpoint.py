@@ -1,0 +1,148 @@
+"""Write a synthetic Kimi K2 INT4 checkpoint: the real file layout, shapes and dtypes, random contents.
+
+Used by every stage's tests (preset `tiny`: ~42 MB, nearly all of it the 163840-row embedding and
+head; pass a smaller `vocab_size` when the tokenizer is not used) and by
+benchmarks (preset `k2.6`: real tensor shapes with fewer layers / experts).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from ..checkpoint.k2_config import K2Config
+from ..checkpoint.layout import LayoutKind
+from ..checkpoint.writer import ShardWriter, write_index, write_json_atomic
+from ..errors import OutputError
+from .configs import KIMI_VOCAB_SIZE, PRESETS, deepseek_v3_config, deepseek_v3_text_config, kimi_k25_config
+from .tensors import CodeDistribution, TensorSpec, checkpoint_tensor_specs, generate_tensors
+from .tokenizer_files import write_tokenizer_files
+
+KIMI_K25_PREFIX = "language_model."
+
+
+def shard_file_name(index: int, count: int) -> str:
+    """Moonshot's shard names: `model-00001-of-000064.safetensors` (5-digit index, 6-digit count)."""
+    return f"model-{index:05d}-of-{count:06d}.safetensors"
+
+
+def split_into_shards(specs: list[TensorSpec], shards: int) -> list[list[TensorSpec]]:
+    """Cut the ordered tensor list into `shards` runs of about equal bytes (like save_pretrained).
+
+    Cuts fall wherever the byte budget runs out, so an expert's gate and up (or a matrix's packed
+    weight and its scale) can sit in different shards, as in the real checkpoint.
+    """
+    if shards < 1 or shards > len(specs):
+        raise ValueError(f"shards must be in [1, {len(specs)}], got {shards}")
+    total = sum(s.nbytes for s in specs)
+    out: list[list[TensorSpec]] = [[]]
+    done = 0
+    for i, spec in enumerate(specs):
+        remaining_tensors = len(specs) - i
+        remaining_shards = shards - len(out)
+        cut_by_budget = done >= total * len(out) / shards and out[-1]
+        must_cut = remaining_tensors <= remaining_shards and out[-1]
+        if remaining_shards > 0 and (cut_by_budget or must_cut):
+            out.append([])
+        out[-1].append(spec)
+        done += spec.nbytes
+    return out
+
+
+@dataclass(frozen=True)
+class SynthPlan:
+    """Everything needed to write the checkpoint, decided before any byte is generated."""
+
+    config: dict[str, Any]
+    text: K2Config
+    prefix: str
+    specs: list[TensorSpec]
+
+
+def plan_synthetic_checkpoint(
+    *,
+    preset: str = "tiny",
+    layers: int | None = None,
+    experts: int | None = None,
+    layout: str = "kimi_k25",
+    vocab_size: int = KIMI_VOCAB_SIZE,
+    config_overrides: dict[str, Any] | None = None,
+) -> SynthPlan:
+    if preset not in PRESETS:
+        raise ValueError(f"preset must be one of {PRESETS}, got {preset!r}")
+    kind = LayoutKind(layout)
+    text_cfg = deepseek_v3_text_config(preset, layers=layers, experts=experts, vocab_size=vocab_size, overrides=config_overrides)
+    text = K2Config.from_dict(text_cfg)
+    if kind is LayoutKind.KIMI_K25:
+        config, prefix = kimi_k25_config(text_cfg, preset), KIMI_K25_PREFIX
+        vision = config["vision_config"]
+    else:
+        config, prefix, vision = deepseek_v3_config(text_cfg), "", None
+    return SynthPlan(config, text, prefix, checkpoint_tensor_specs(text, prefix, vision))
+
+
+def create_synthetic_checkpoint(
+    out_dir: str | Path,
+    *,
+    preset: str = "tiny",
+    layers: int | None = None,
+    experts: int | None = None,
+    shards: int = 1,
+    seed: int = 0,
+    layout: str = "kimi_k25",
+    code_distribution: str = "realistic",
+    vocab_size: int = KIMI_VOCAB_SIZE,
+    config_overrides: dict[str, Any] | None = None,
+    progress: bool = False,
+) -> Path:
+    """Write a K2-layout INT4 checkpoint to `out_dir` (must be absent or empty) and return its path.
+
+    `layout`: "kimi_k25" (K2.5/K2.6 wrapper, `language_model.` prefix, vision tower) or
+    "deepseek_v3" (Kimi-K2-Thinking). `config_overrides` replaces text-config keys (e.g.
+    `{"q_lora_rank": None}`). Same arguments, same bytes.
+    """
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        raise OutputError(f"file {out}: output folder is not empty")
+    out.mkdir(parents=True, exist_ok=True)
+    plan = plan_synthetic_checkpoint(
+        preset=preset, layers=layers, experts=experts, layout=layout, vocab_size=vocab_size, config_overrides=config_overrides
+    )
+    distribution = CodeDistribution(code_distribution)
+    groups = split_into_shards(plan.specs, shards)
+    weight_map: dict[str, str] = {}
+    total_size = 0
+    bar = tqdm(total=sum(s.nbytes for s in plan.specs), unit="B", unit_scale=True, desc="synth", disable=not progress)
+    for i, group in enumerate(groups, start=1):
+        name = shard_file_name(i, len(groups))
+        writer = ShardWriter(out / name)
+        for tensor_name, tensor in generate_tensors(group, seed, distribution):
+            writer.add(tensor_name, tensor)
+            weight_map[tensor_name] = name
+            total_size += tensor.numel() * tensor.element_size()
+            bar.update(tensor.numel() * tensor.element_size())
+        writer.commit()
+    bar.close()
+    write_index(out, weight_map, total_size)
+    write_json_atomic(out / "config.json", plan.config)
+    write_tokenizer_files(out)
+    return out
+
+
+def make_tiny_k2(path: str | Path, **overrides: Any) -> Path:
+    """Write a tiny K2.6-layout INT4 checkpoint at `path` (the test factory behind `make_tiny_k2`).
+
+    Keyword arguments of `create_synthetic_checkpoint` (layers, experts, shards, seed, layout,
+    code_distribution, vocab_size, ...) are passed through; any other keyword overrides the text
+    config (e.g. `hidden_size=96`, `q_lora_rank=None`).
+    """
+    params = set(inspect.signature(create_synthetic_checkpoint).parameters) - {"out_dir", "preset"}
+    kwargs = {k: v for k, v in overrides.items() if k in params}
+    config_overrides = {k: v for k, v in overrides.items() if k not in params}
+    if config_overrides:
+        kwargs["config_overrides"] = {**(kwargs.get("config_overrides") or {}), **config_overrides}
+    return create_synthetic_checkpoint(path, preset="tiny", **kwargs)

@@ -1,0 +1,31 @@
+"""`kimi-nvfp4 synth`: a thin click layer over `create_synthetic_checkpoint`."""
+
+from __future__ import annotations
+
+import click
+
+from .checkpoint import create_synthetic_checkpoint
+from .configs import KIMI_VOCAB_SIZE, PRESETS
+
+
+@click.command("synth")
+@click.argument("out", type=click.Path(file_okay=False))
+@click.option("--preset", type=click.Choice(PRESETS), default="tiny", show_default=True,
+              help="tiny: small dims for tests; k2.6: Kimi K2.6's real tensor shapes.")
+@click.option("--layers", type=int, default=None, help="Decoder layers (layer 0 is dense). Default: the preset's.")
+@click.option("--experts", type=int, default=None, help="Routed experts per MoE layer. Default: the preset's.")
+@click.option("--shards", type=int, default=1, show_default=True, help="Number of safetensors shards.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--layout", type=click.Choice(["kimi_k25", "deepseek_v3"]), default="kimi_k25", show_default=True,
+              help="kimi_k25: K2.5/K2.6 wrapper with vision tower; deepseek_v3: Kimi-K2-Thinking.")
+@click.option("--codes", "code_distribution", type=click.Choice(["realistic", "uniform"]), default="realistic",
+              show_default=True, help="INT4 codes from Gaussian weights (realistic) or uniformly random.")
+@click.option("--vocab-size", type=int, default=KIMI_VOCAB_SIZE, show_default=True,
+              help="Embedding rows; Kimi's special-token ids need the full 163840.")
+def synth_command(out, preset, layers, experts, shards, seed, layout, code_distribution, vocab_size):
+    """Write a synthetic Kimi K2 INT4 checkpoint (compressed-tensors pack-quantized experts) to OUT."""
+    path = create_synthetic_checkpoint(
+        out, preset=preset, layers=layers, experts=experts, shards=shards, seed=seed, layout=layout,
+        code_distribution=code_distribution, vocab_size=vocab_size, progress=True,
+    )
+    click.echo(f"wrote {path}")

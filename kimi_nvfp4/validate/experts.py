@@ -1,0 +1,82 @@
+"""Per-expert output error: each routed expert of the INT4 stream re-run with its NVFP4 weights
+on exactly the tokens the router sent it, for every emulation mode.
+
+`ExpertErrorObserver` watches the INT4 stream's layer: at an expert's `gate_proj` call it keeps
+the expert input `x` (only its routed tokens); at the matching `down_proj` call it has the INT4
+expert output and runs the NVFP4 expert (`down(silu(gate(x)) * up(x))`, activations fake-quantized
+for W4A4, untouched for W4A16) on the same `x`. Holds one NVFP4 layer (compressed) besides the
+INT4 layer the runner holds.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict
+
+from ..model.layer_weights import LayerWeights, MLPWeights, MoEWeights
+from ..model.linear import ActivationMode, Linear
+from .metrics import RelativeError
+
+WORST_EXPERTS = 10
+
+
+class ExpertError(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    layer: int
+    expert: int
+    mode: str
+    rel_mse: float
+    tokens: int
+
+
+def _apply(lin: Linear, x: torch.Tensor, mode: ActivationMode) -> torch.Tensor:
+    """The NVFP4 linear as the served kernel computes it in `mode` (W4A16: no activation quantization)."""
+    if mode is ActivationMode.W4A4:
+        return lin(x)
+    return F.linear(x, lin.weight())
+
+
+def nvfp4_expert_output(w: MLPWeights, x: torch.Tensor, mode: ActivationMode) -> torch.Tensor:
+    h = F.silu(_apply(w.gate_proj, x, mode)) * _apply(w.up_proj, x, mode)
+    return _apply(w.down_proj, h, mode)
+
+
+class ExpertErrorObserver:
+    """Observer for the INT4 stream; compares every routed expert's output with NVFP4's."""
+
+    route_all = False
+
+    def __init__(self, layer: int, nvfp4_layer: LayerWeights, modes: list[ActivationMode]):
+        if not isinstance(nvfp4_layer.mlp, MoEWeights):
+            raise ValueError(f"layer {layer} is not a MoE layer")
+        self.layer = layer
+        self.experts = nvfp4_layer.mlp.experts
+        self.modes = modes
+        self.errors: dict[tuple[ActivationMode, int], RelativeError] = {}
+        self.tokens: dict[int, int] = {}
+        self._pending: dict[int, torch.Tensor] = {}
+
+    def on_router(self, layer, topk_ids, topk_weights) -> None:
+        pass
+
+    def on_linear(self, layer, module, x, y, expert=None, routed=True) -> None:
+        if expert is None or not routed or layer != self.layer:
+            return
+        if module.endswith(".gate_proj"):
+            self._pending[expert] = x
+        elif module.endswith(".down_proj"):
+            x_in = self._pending.pop(expert, None)
+            if x_in is None:
+                raise RuntimeError(f"layer {layer} expert {expert}: down_proj ran before gate_proj was observed")
+            self.tokens[expert] = self.tokens.get(expert, 0) + x_in.shape[0]
+            for mode in self.modes:
+                test = nvfp4_expert_output(self.experts[expert], x_in, mode)
+                self.errors.setdefault((mode, expert), RelativeError()).add(y, test)
+
+    def results(self) -> list[ExpertError]:
+        return [
+            ExpertError(layer=self.layer, expert=e, mode=mode.value, rel_mse=acc.rel_mse, tokens=self.tokens.get(e, 0))
+            for (mode, e), acc in sorted(self.errors.items(), key=lambda kv: (kv[0][0].value, kv[0][1]))
+        ]

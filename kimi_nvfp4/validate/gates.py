@@ -1,0 +1,161 @@
+"""Validation gates: thresholds (defaults, config file, command-line overrides) and their verdicts.
+
+Defaults were measured on the bundled demo model (docs/validate.md says how); a user tightens or
+loosens them with a TOML/JSON file (`--gates FILE`) and/or `--gate KEY=VALUE` (dotted keys, e.g.
+`w4a4.kl_mean_max=0.02`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import tomllib
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ..errors import KimiNvfp4Error
+from ..model.linear import ActivationMode
+
+
+class ModeThresholds(BaseModel):
+    """End-to-end gates for one emulation mode (NVFP4 against the INT4 source)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kl_mean_max: float  # mean per-token KL(INT4 || NVFP4), nats
+    kl_p99_max: float  # 99th percentile of the per-token KL, nats
+    top1_min: float  # fraction of positions where both models' argmax agree
+    ppl_ratio_max: float  # perplexity(NVFP4) / perplexity(INT4) on the held-out tokens
+    drift_max: float  # worst per-layer relative MSE between the two hidden-state streams
+    expert_output_rel_mse_max: float  # worst expert: relative MSE of its output on its routed tokens
+
+
+class GateThresholds(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    weight_rel_mse_max: float  # worst single matrix: relative MSE of NVFP4 values against INT4 values
+    weight_rel_mse_mean_max: float  # mean over all matrices
+    weight_exact_fraction_min: float  # mean fraction of INT4 values reproduced exactly
+    w4a4: ModeThresholds
+    w4a16: ModeThresholds
+
+    def for_mode(self, mode: ActivationMode | str) -> ModeThresholds:
+        return getattr(self, ActivationMode(mode).value)
+
+
+# Measured on the demo model (see docs/validate.md, "How the default gates were chosen"):
+# each threshold is the measured value of a correct conversion with a safety margin, and far
+# below what any of the corruptions in tests/validate/test_corruptions.py produce.
+DEFAULT_GATES = GateThresholds(
+    weight_rel_mse_max=0.05,
+    weight_rel_mse_mean_max=0.02,
+    weight_exact_fraction_min=0.5,
+    w4a4=ModeThresholds(kl_mean_max=0.05, kl_p99_max=0.5, top1_min=0.9, ppl_ratio_max=1.05, drift_max=0.05,
+                      expert_output_rel_mse_max=0.1),
+    w4a16=ModeThresholds(kl_mean_max=0.03, kl_p99_max=0.3, top1_min=0.93, ppl_ratio_max=1.03, drift_max=0.03,
+                       expert_output_rel_mse_max=0.05),
+)
+
+
+class GateConfigError(KimiNvfp4Error):
+    """A gates file or --gate override is malformed."""
+
+
+def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = data
+    for p in parts[:-1]:
+        if not isinstance(node.get(p), dict):
+            raise GateConfigError(f"--gate {key}: {p!r} is not a group of thresholds")
+        node = node[p]
+    if parts[-1] not in node or isinstance(node[parts[-1]], dict):
+        raise GateConfigError(f"--gate {key}: no such threshold (see `kimi-nvfp4 validate --help`)")
+    node[parts[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, float]:
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise GateConfigError(f"--gate {text!r}: expected KEY=VALUE, e.g. w4a4.kl_mean_max=0.02")
+    try:
+        number = float(value)
+    except ValueError:
+        raise GateConfigError(f"--gate {text!r}: {value!r} is not a number") from None
+    if not math.isfinite(number):
+        raise GateConfigError(f"--gate {text!r}: the threshold must be finite")
+    return key.strip(), number
+
+
+def load_gates(
+    path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), base: GateThresholds = DEFAULT_GATES
+) -> GateThresholds:
+    """Defaults, then a TOML/JSON file (a partial set of keys is fine), then KEY=VALUE overrides."""
+    data = base.model_dump()
+    if path is not None:
+        path = Path(path)
+        try:
+            text = path.read_text()
+            loaded = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+        except FileNotFoundError:
+            raise GateConfigError(f"file {path}: gates file does not exist") from None
+        except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
+            raise GateConfigError(f"file {path}: cannot parse gates ({e})") from None
+        _merge(data, loaded, str(path))
+    for text in overrides:
+        key, value = parse_override(text)
+        _set_dotted(data, key, value)
+    try:
+        return GateThresholds.model_validate(data)
+    except ValidationError as e:
+        raise GateConfigError(f"invalid gates: {e.errors()[0]['loc']}: {e.errors()[0]['msg']}") from None
+
+
+def _merge(into: dict[str, Any], new: dict[str, Any], where: str, prefix: str = "") -> None:
+    for k, v in new.items():
+        if k not in into:
+            raise GateConfigError(f"file {where}: unknown threshold {prefix + k!r}")
+        if isinstance(into[k], dict):
+            if not isinstance(v, dict):
+                raise GateConfigError(f"file {where}: {prefix + k!r} must be a table of thresholds")
+            _merge(into[k], v, where, prefix + k + ".")
+        else:
+            into[k] = v
+
+
+class GateResult(BaseModel):
+    """One gate's verdict: the measured value, the threshold, and by how much it failed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    passed: bool
+    value: float | None  # None for pass/fail checks (structure)
+    threshold: float | None
+    comparison: str  # "<=", ">=", "no issues"
+    detail: str = ""
+
+    @property
+    def margin(self) -> float | None:
+        """How far past the threshold (positive = failed by this much)."""
+        if self.value is None or self.threshold is None:
+            return None
+        return self.value - self.threshold if self.comparison == "<=" else self.threshold - self.value
+
+
+def gate_max(name: str, value: float, threshold: float, detail: str = "") -> GateResult:
+    passed = math.isfinite(value) and value <= threshold
+    return GateResult(name=name, passed=passed, value=value, threshold=threshold, comparison="<=", detail=detail)
+
+
+def gate_min(name: str, value: float, threshold: float, detail: str = "") -> GateResult:
+    passed = math.isfinite(value) and value >= threshold
+    return GateResult(name=name, passed=passed, value=value, threshold=threshold, comparison=">=", detail=detail)
+
+
+def gate_check(name: str, issues: list[str]) -> GateResult:
+    detail = "; ".join(issues[:5]) + (f"; ... {len(issues) - 5} more" if len(issues) > 5 else "")
+    return GateResult(name=name, passed=not issues, value=None, threshold=None, comparison="no issues", detail=detail)
+
+

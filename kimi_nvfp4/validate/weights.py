@@ -1,0 +1,156 @@
+"""Weight check: every NVFP4 expert matrix against the exact INT4 values it came from.
+
+The NVFP4 values are dequantized the way SGLang serves them: up_proj with gate_proj's
+`weight_scale_2` (`w13_weight_scale_2[:, 0]`, modelopt_quant.py
+`ModelOptNvFp4FusedMoEMethod.process_weights_after_loading`), so a gate/up scale mismatch shows up
+as error here, not just as a structural finding.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from ..checkpoint.layout import PROJS
+from ..checkpoint.reader import CheckpointReader
+from ..errors import CheckpointError
+from ..numerics.methods import Int4Matrix, MatrixErrorStats, error_stats
+from ..numerics.nvfp4 import NVFP4Tensor
+
+WORST_MATRICES = 10
+MAX_FLAGGED = 50
+
+
+class MatrixComparison(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    module: str
+    layer: int
+    expert: int
+    proj: str
+    rel_mse: float
+    exact_fraction: float
+    max_abs_error: float
+    numel: int
+
+
+class LayerWeightError(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    layer: int
+    matrices: int
+    rel_mse: float  # pooled over the layer's matrices
+    rel_mse_max: float
+    exact_fraction: float
+
+
+class WeightSummary(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    matrices: int
+    rel_mse: float  # pooled over every matrix
+    rel_mse_mean: float  # mean of the per-matrix values
+    rel_mse_max: float
+    exact_fraction: float  # over every element
+    layers: list[LayerWeightError]
+    worst: list[MatrixComparison]
+    flagged: list[str]  # matrices above the rel-MSE gate (first MAX_FLAGGED)
+    flagged_count: int
+    unreadable: list[str]  # matrices that could not be compared (and why)
+
+
+def compare_expert(
+    source: CheckpointReader, output: CheckpointReader, layer: int, expert: int, device: torch.device
+) -> list[tuple[MatrixComparison, MatrixErrorStats]]:
+    """The three matrices of one expert: INT4 source values vs NVFP4 values as served."""
+    layout = source.layout
+    gate_scale_2 = None
+    out = []
+    for proj in PROJS:
+        module = layout.expert_module(layer, expert, proj)
+        n_out, n_in = (int(v) for v in source.load(f"{module}.weight_shape").tolist())
+        m = Int4Matrix.from_packed(
+            source.load(f"{module}.weight_packed").to(device), source.load(f"{module}.weight_scale").to(device), n_in
+        )
+        scale_2 = output.load(f"{module}.weight_scale_2").to(device=device, dtype=torch.float32).reshape(())
+        if proj == "gate_proj":
+            gate_scale_2 = scale_2
+        elif proj == "up_proj" and gate_scale_2 is not None:
+            scale_2 = gate_scale_2
+        q = NVFP4Tensor(
+            weight=output.load(f"{module}.weight").to(device),
+            weight_scale=output.load(f"{module}.weight_scale").to(device),
+            weight_scale_2=scale_2,
+        )
+        if tuple(q.weight.shape) != (n_out, n_in // 2):
+            raise CheckpointError(
+                f"NVFP4 weight is {list(q.weight.shape)}, expected {[n_out, n_in // 2]}", file=output.root,
+                tensor=f"{module}.weight",
+            )
+        s = error_stats(m, q)
+        out.append((MatrixComparison(module=module, layer=layer, expert=expert, proj=proj, rel_mse=s.rel_mse,
+                                     exact_fraction=s.exact_fraction, max_abs_error=s.max_abs_error, numel=s.numel), s))
+    return out
+
+
+class WeightComparer:
+    """Accumulates per-layer comparisons into a `WeightSummary` (keeps only the worst matrices)."""
+
+    def __init__(self, source: CheckpointReader, output: CheckpointReader, device: torch.device, flag_rel_mse: float):
+        self.source, self.output, self.device = source, output, device
+        self.flag_rel_mse = flag_rel_mse
+        self._flagged: list[str] = []
+        self._flagged_count = 0
+        self._all: list[MatrixErrorStats] = []
+        self._rel_sum = 0.0
+        self._rel_max = 0.0
+        self._layers: list[LayerWeightError] = []
+        self._worst: list[tuple[float, str, MatrixComparison]] = []
+        self._unreadable: list[str] = []
+
+    def add_layer(self, layer: int) -> None:
+        stats: list[MatrixErrorStats] = []
+        rel_max = 0.0
+        for e in range(self.source.layout.text.n_routed_experts):
+            try:
+                pairs = compare_expert(self.source, self.output, layer, e, self.device)
+            except (CheckpointError, ValueError, RuntimeError) as err:
+                self._unreadable.append(f"layer {layer} expert {e}: {err}")
+                continue
+            for comp, s in pairs:
+                stats.append(s)
+                rel_max = max(rel_max, comp.rel_mse)
+                self._rel_sum += comp.rel_mse
+                if not comp.rel_mse <= self.flag_rel_mse:
+                    self._flagged_count += 1
+                    if len(self._flagged) < MAX_FLAGGED:
+                        self._flagged.append(comp.module)
+                item = (comp.rel_mse, comp.module, comp)
+                if len(self._worst) < WORST_MATRICES:
+                    heapq.heappush(self._worst, item)
+                else:
+                    heapq.heappushpop(self._worst, item)
+        if stats:
+            pooled = MatrixErrorStats.pooled(stats)
+            self._layers.append(LayerWeightError(layer=layer, matrices=len(stats), rel_mse=pooled.rel_mse,
+                                                 rel_mse_max=rel_max, exact_fraction=pooled.exact_fraction))
+            self._all.append(pooled)
+            self._rel_max = max(self._rel_max, rel_max)
+
+    def summary(self) -> WeightSummary:
+        pooled = MatrixErrorStats.pooled(self._all) if self._all else None
+        n = sum(l.matrices for l in self._layers)
+        return WeightSummary(
+            matrices=n,
+            rel_mse=pooled.rel_mse if pooled else 0.0,
+            rel_mse_mean=self._rel_sum / n if n else 0.0,
+            rel_mse_max=self._rel_max,
+            exact_fraction=pooled.exact_fraction if pooled else 0.0,
+            layers=self._layers,
+            worst=[c for _, _, c in sorted(self._worst, key=lambda t: (-t[0], t[1]))],
+            flagged=self._flagged,
+            flagged_count=self._flagged_count,
+            unreadable=self._unreadable[:20],
+        )

@@ -1,0 +1,27 @@
+"""Fixtures for numerics tests: synthetic INT4 matrices with a realistic code distribution."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kimi_nvfp4.numerics.methods import Int4Matrix
+
+
+def realistic_int4(rows: int, cols: int, seed: int = 0, row_spread: float = 0.3) -> Int4Matrix:
+    """Gaussian weights, symmetric INT4 per group of 32 with scale absmax/7.5 in bf16 (compressed-tensors)."""
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(rows, cols, generator=gen) * torch.exp(torch.randn(rows, 1, generator=gen) * row_spread)
+    groups = w.reshape(rows, -1, 32)
+    scale = (groups.abs().amax(-1) / 7.5).to(torch.bfloat16).to(torch.float32)
+    codes = torch.clamp(torch.round(groups / scale.unsqueeze(-1)), -8, 7).to(torch.int8).reshape(rows, cols)
+    return Int4Matrix(codes, scale)
+
+
+@pytest.fixture
+def int4_pair() -> tuple[Int4Matrix, Int4Matrix]:
+    """A gate/up pair with different magnitudes (so the shared weight_scale_2 matters)."""
+    gate = realistic_int4(32, 256, seed=1)
+    up = realistic_int4(32, 256, seed=2)
+    up = Int4Matrix(up.codes, (up.group_scale * 3).to(torch.bfloat16).to(torch.float32))
+    return gate, up

@@ -1,0 +1,55 @@
+"""kimi_nvfp4.numerics.int4 against compressed-tensors' own packer (the format's reference)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32, unpack_from_int32
+
+from kimi_nvfp4.numerics.int4 import dequantize_int4, group_scales_fp32, pack_int4, unpack_int4
+
+
+@pytest.mark.parametrize("shape", [(3, 32), (5, 40), (1, 8), (7, 9), (2, 1)], ids=str)
+def test_pack_matches_compressed_tensors(shape):
+    gen = torch.Generator().manual_seed(shape[0] * 100 + shape[1])
+    codes = torch.randint(-8, 8, shape, generator=gen, dtype=torch.int8)
+    ours = pack_int4(codes)
+    theirs = pack_to_int32(codes, 4)
+    assert torch.equal(ours, theirs)
+    assert torch.equal(unpack_int4(theirs, shape[1]), codes)
+    assert torch.equal(unpack_from_int32(ours, 4, torch.Size(shape)), codes)
+
+
+def test_full_range_every_nibble_position():
+    # Every code -8..7 at every position k of a word (bits 4k..4k+3).
+    codes = torch.arange(-8, 8, dtype=torch.int8).repeat(8, 1)
+    codes = torch.stack([torch.roll(codes[0], k) for k in range(8)]).reshape(8, 16)
+    assert torch.equal(pack_int4(codes), pack_to_int32(codes, 4))
+    assert torch.equal(unpack_int4(pack_int4(codes), 16), codes)
+
+
+def test_bit_layout_golden():
+    # column 8j+k is bits 4k..4k+3 of word j; nibble = q + 8.
+    codes = torch.tensor([[-8, -7, 0, 7, 1, -1, 2, 3]], dtype=torch.int8)
+    nibbles = [0, 1, 8, 15, 9, 7, 10, 11]
+    word = sum(n << (4 * k) for k, n in enumerate(nibbles))
+    word = word - (1 << 32) if word >= 1 << 31 else word
+    assert pack_int4(codes).tolist() == [[word]]
+
+
+def test_dequantize_is_exact_code_times_group_scale():
+    codes = torch.randint(-8, 8, (4, 64), generator=torch.Generator().manual_seed(3), dtype=torch.int8)
+    scale = torch.rand(4, 2, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    values = dequantize_int4(pack_int4(codes), scale, 64)
+    expected = codes.double() * scale.double().repeat_interleave(32, dim=1)
+    assert torch.equal(values.double(), expected)
+    assert torch.equal(group_scales_fp32(scale, 64)[:, 31], scale[:, 0].float())
+
+
+def test_rejects_bad_input():
+    with pytest.raises(ValueError):
+        unpack_int4(torch.zeros(2, 2, dtype=torch.int64), 16)
+    with pytest.raises(ValueError):
+        unpack_int4(torch.zeros(2, 2, dtype=torch.int32), 40)
+    with pytest.raises(ValueError):
+        pack_int4(torch.full((1, 8), 8, dtype=torch.int8))

@@ -1,0 +1,97 @@
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from kimi_nvfp4.errors import GateFailure, KimiNvfp4Error
+from kimi_nvfp4.serve_check.api import raise_on_failure, run_serve_check
+from kimi_nvfp4.serve_check.cli import serve_check_command, serve_reference_command
+from kimi_nvfp4.serve_check.loadgen import LoadPoint, LoadSweep
+from kimi_nvfp4.serve_check.report import Gates, QualityConfig, QualityReport, evaluate_gates
+from kimi_nvfp4.serve_check.workload import LoadConfig
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _sweep(errors=0):
+    point = LoadPoint(concurrency=2, requests=10, errors=errors, error_samples=[], timed_out=False, duration_s=1.0,
+                      ttft_p50_s=0.1, ttft_p99_s=0.2, tpot_p50_ms=10.0, tpot_mean_ms=11.0, interactivity_tok_s=100.0,
+                      throughput_tok_min_gpu=1000.0, output_tok_s=50.0, mean_prompt_tokens=100.0,
+                      mean_completion_tokens=5.0, cache_hit_rate=0.9, usage_missing=0)
+    return LoadSweep(label="x", base_url="http://h", num_gpus=1, context_length=4096, first_context_tokens=10,
+                     tool_result_tokens=5, output_tokens=5, turns=2, points=[point])
+
+
+def test_gates_fail_on_errors_and_on_checks_that_could_not_run():
+    cfg = QualityConfig(humaneval=False, tool_calls=False)
+    quality = QualityReport(errors={"agreement": "no model"})
+    gates = evaluate_gates(Gates.reference(), _sweep(errors=1), quality, cfg)
+    by_name = {g.name: g for g in gates}
+    assert not by_name["load error rate"].passed and by_name["load error rate"].value == pytest.approx(0.1)
+    assert not by_name["greedy agreement with emulator"].passed
+    assert by_name["greedy agreement with emulator"].value is None
+    assert all(g.passed for g in evaluate_gates(Gates(), _sweep(), QualityReport(), cfg))
+
+
+def test_serve_check_against_url_writes_report(scripted_server, tmp_path):
+    url, _ = scripted_server()
+    report = run_serve_check(
+        tmp_path, url=url, report_dir=tmp_path / "rep", progress=False,
+        load=LoadConfig.quick(concurrency=[1, 2], turns=2, input_tokens=100, output_tokens=3),
+        quality=QualityConfig.quick(humaneval_limit=1, agreement=False),
+        compare=url,
+    )
+    assert report.target.reference_emulator and report.passed
+    assert [g.name for g in report.gates] == ["load error rate"]  # reference gates: no tiny-model quality gates
+    assert report.quality.tool_calls.prompts == 3 and report.quality.humaneval.problems == 1
+    files = {p.name for p in (tmp_path / "rep").iterdir()}
+    assert {"serve_check.json", "serve_check.md", "serve_check.png"} <= files
+    assert not any(name.endswith(".partial") for name in files)
+    assert (tmp_path / "rep" / "serve_check.png").read_bytes().startswith(PNG_MAGIC)
+    data = json.loads((tmp_path / "rep" / "serve_check.json").read_text())
+    assert len(data["load"]["points"]) == 2 and data["compare"]["label"] == url
+    md = (tmp_path / "rep" / "serve_check.md").read_text()
+    assert "# Serve check: PASSED" in md and "| 2 |" in md
+
+
+def test_production_gates_fail_and_raise(scripted_server, tmp_path):
+    url, engine = scripted_server()
+    report = run_serve_check(tmp_path, url=url, report_dir=tmp_path / "rep", load=None, progress=False,
+                             quality=QualityConfig.quick(agreement=False, humaneval=False, gates=Gates.production()))
+    assert not report.passed
+    assert engine.last_template_kwargs == {"thinking": False}  # quality prompts ask for direct answers
+    with pytest.raises(GateFailure, match="tool-call trigger rate"):
+        raise_on_failure(report)
+    assert "**FAIL**" in (tmp_path / "rep" / "serve_check.md").read_text()
+
+
+def test_needs_exactly_one_target(tmp_path):
+    with pytest.raises(KimiNvfp4Error, match="exactly one"):
+        run_serve_check(tmp_path, report_dir=tmp_path)
+
+
+def test_cli_quick_against_url(scripted_server, tmp_path):
+    url, _ = scripted_server()
+    res = CliRunner().invoke(serve_check_command, [
+        str(tmp_path), "--url", url, "--report", str(tmp_path / "r"), "--quick", "--concurrency", "1,2",
+        "--turns", "2", "--no-agreement", "--no-humaneval", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert "serve-check passed" in res.output
+    res = CliRunner().invoke(serve_check_command, [
+        str(tmp_path), "--url", url, "--report", str(tmp_path / "r2"), "--quick", "--no-load", "--no-agreement",
+        "--no-humaneval", "--gates", "production", "--no-progress"], standalone_mode=False)
+    assert isinstance(res.exception, GateFailure) and res.exception.exit_code == 1
+
+
+def test_cli_profile_on_a_machine_without_the_gpus(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
+    res = CliRunner().invoke(serve_check_command, [str(tmp_path), "--profile", "b200-tp4", "--report",
+                                                   str(tmp_path / "r")], standalone_mode=False)
+    assert res.exception is not None and res.exception.exit_code == 5
+    assert "nvidia-smi" in str(res.exception)
+
+
+def test_help_texts():
+    for cmd in (serve_check_command, serve_reference_command):
+        res = CliRunner().invoke(cmd, ["--help"])
+        assert res.exit_code == 0 and "CHECKPOINT" in res.output
