@@ -10,6 +10,13 @@ per-layer times. Writes JSON (and prints a table); run on the H200 with `--devic
 
 Tokens are random ids by default (routing on synthetic weights is arbitrary anyway); `--data SPEC`
 renders real sessions with the synthetic checkpoint's tokenizer instead.
+
+`--compare-policies` instead measures the under-covered-expert policies on the bundled demo model:
+calibrate with each policy, then validate (W4A4, held-out sessions) under both SGLang input-scale
+reductions, and report KL / top-1 / perplexity for each (how the default policy was chosen):
+
+    python bench/bench_calibrate.py --compare-policies --device cpu --data builtin --samples 4 \
+        --seq-len 256 --min-expert-tokens 64 --validate-samples 16 --json policies.json
 """
 
 from __future__ import annotations
@@ -57,6 +64,47 @@ def sequences(reader: CheckpointReader, out: Path, samples: int, seq_len: int, d
     return [torch.randint(0, vocab, (seq_len,), generator=g) for _ in range(samples)]
 
 
+def compare_policies(args, dev: torch.device) -> dict:
+    import shutil
+
+    from kimi_nvfp4.calibrate import calibrate_checkpoint
+    from kimi_nvfp4.demo_model import DEMO_CHECKPOINT
+    from kimi_nvfp4.validate import validate_checkpoint
+
+    base = args.work_dir / "demo_nvfp4"
+    if not (base / "kimi_nvfp4_manifest.json").exists():
+        convert_checkpoint(DEMO_CHECKPOINT, base, device=str(dev), progress=False)
+    data = args.data or "builtin"
+    rows = []
+    for policy in ExpertPolicy:
+        out = args.work_dir / f"demo_{policy.value}"
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.copytree(base, out)
+        t = time.perf_counter()
+        cal = calibrate_checkpoint(out, DEMO_CHECKPOINT, data, samples=args.samples, seq_len=args.seq_len,
+                                   seed=args.seed, min_expert_tokens=args.min_expert_tokens, policy=policy,
+                                   device=dev, progress=False)
+        cal_seconds = time.perf_counter() - t
+        moe = [l for l in cal.layers if l.experts is not None]
+        for reduction in ("layer_max", "per_expert"):
+            v = validate_checkpoint(out, DEMO_CHECKPOINT, data, report_dir=out / f"validate_{reduction}",
+                                    modes=("w4a4",), samples=args.validate_samples, seq_len=args.seq_len,
+                                    device=dev, input_scale_reduction=reduction, progress=False,
+                                    record_in_manifest=False)
+            e = v.end_to_end[0]
+            rows.append({
+                "policy": policy.value, "reduction": reduction, "calibration_tokens": cal.tokens,
+                "calibration_seconds": cal_seconds,
+                "experts_below_min": sum(l.experts_below_min_tokens for l in moe),
+                "experts_total": sum(len(l.experts.tokens) for l in moe),
+                "kl_mean": e.kl_mean, "kl_p99": e.kl_p99, "top1": e.top1, "ppl_ratio": e.ppl_ratio,
+                "drift_max": max(l.drift.get("w4a4", 0.0) for l in v.layers), "heldout_tokens": v.tokens,
+            })
+            print(json.dumps(rows[-1]))
+    return {"model": "demo (kimi_nvfp4/assets/tiny_k2)", "data": data, "samples": args.samples,
+            "seq_len": args.seq_len, "min_expert_tokens": args.min_expert_tokens, "rows": rows}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="auto")
@@ -72,10 +120,15 @@ def main() -> None:
     ap.add_argument("--data", default=None, help="render real sessions (calibrate --data spec) instead of random ids")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=Path("bench_calibrate.json"))
+    ap.add_argument("--compare-policies", action="store_true", help="peer-max vs route-all on the demo model")
+    ap.add_argument("--validate-samples", type=int, default=64, help="held-out sequences for --compare-policies")
     args = ap.parse_args()
 
     dev = resolve_device(args.device)
     args.work_dir.mkdir(parents=True, exist_ok=True)
+    if args.compare_policies:
+        args.json.write_text(json.dumps(compare_policies(args, dev), indent=2) + "\n")
+        return
     _src, out = prepare(args.work_dir, args.preset, args.layers, str(dev))
     reader = CheckpointReader(out)
     cfg = reader.layout.text

@@ -31,10 +31,20 @@ import torch
 
 from kimi_nvfp4.checkpoint.k2_config import K2Config
 from kimi_nvfp4.model import LayerStreamRunner, open_weights
-from kimi_nvfp4.model.layer_weights import AttentionWeights, LayerWeights, MLPWeights, MoEWeights
-from kimi_nvfp4.model.linear import ActivationMode, DenseLinear, Int4Linear, Linear, NVFP4Linear
+from kimi_nvfp4.model.layer_weights import (
+    AttentionWeights,
+    LayerWeights,
+    MLPWeights,
+    MoEWeights,
+)
+from kimi_nvfp4.model.linear import (
+    ActivationMode,
+    DenseLinear,
+    Int4Linear,
+    Linear,
+    NVFP4Linear,
+)
 from kimi_nvfp4.numerics.constants import (
-    E2M1_MAX,
     E4M3_MAX,
     INT4_GROUP_SIZE,
     INT4_PER_INT32,
@@ -154,6 +164,7 @@ def _sequences(tokens: int, seq_len: int, vocab: int, seed: int = 0) -> list[tor
 def bench_k26_layer(device, tokens, seq_len, experts, mode, max_chunk_tokens, materialize=False) -> dict:
     cfg = K2Config.from_dict(deepseek_v3_text_config("k2.6", layers=2, experts=experts))
     layer = synthetic_moe_layer(cfg, mode, device)
+    stored_bytes = layer_bytes(layer)  # as stored (4-bit experts), before any materialization
     runner = LayerStreamRunner(
         InMemoryLayerSource(cfg, layer), device=device, max_chunk_tokens=max_chunk_tokens, progress=False,
         materialize_layers=materialize,  # timed too: materialize() re-dequantizes on every load
@@ -180,7 +191,7 @@ def bench_k26_layer(device, tokens, seq_len, experts, mode, max_chunk_tokens, ma
     return {
         "case": "k2.6-moe-layer", "mode": mode, "device": str(device), "tokens": tokens, "seq_len": seq_len,
         "experts": experts, "max_chunk_tokens": max_chunk_tokens, "materialize": materialize, "seconds": seconds,
-        "tokens_per_s": tokens / seconds, "peak_memory_bytes": _peak_bytes(device), "layer_weight_bytes": layer_bytes(layer),
+        "tokens_per_s": tokens / seconds, "peak_memory_bytes": _peak_bytes(device), "layer_weight_bytes": stored_bytes,
     }
 
 

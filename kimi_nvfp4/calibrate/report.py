@@ -24,7 +24,7 @@ _COVERAGE_MAX_LOG2 = 24
 class LinearRange(BaseModel):
     """Input range of one non-expert linear (BF16, reported for context)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
 
     module: str
     amax: float
@@ -34,7 +34,7 @@ class LinearRange(BaseModel):
 class ExpertCalibration(BaseModel):
     """Per-expert results of one MoE layer, as parallel lists indexed by expert id."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
 
     tokens: list[int]  # routed tokens each expert saw
     gate_up_amax: list[float]  # chosen amax (gate_proj and up_proj share it)
@@ -44,7 +44,7 @@ class ExpertCalibration(BaseModel):
 
 
 class LayerCalibration(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
 
     layer: int
     is_moe: bool
@@ -57,7 +57,7 @@ class LayerCalibration(BaseModel):
 
 
 class CalibrationSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
 
     data: str
     samples: int
@@ -69,7 +69,7 @@ class CalibrationSettings(BaseModel):
 
 
 class CalibrationReport(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
 
     checkpoint: str
     source: str

@@ -10,7 +10,13 @@ from .linear import ActivationMode
 from .nvfp4_linears import InputScaleReduction
 from .observer import NullObserver, Observer
 from .runner import HiddenStates, LayerStreamRunner
-from .weights import Int4SourceWeights, NVFP4Weights, WeightSource, detect_checkpoint_kind, open_weights
+from .weights import (
+    Int4SourceWeights,
+    NVFP4Weights,
+    WeightSource,
+    detect_checkpoint_kind,
+    open_weights,
+)
 
 __all__ = [
     "ActivationMode",

@@ -39,10 +39,10 @@ class LatentKV:
     def seq_len(self) -> int:
         return self.latent.shape[0]
 
-    def truncate(self, n: int) -> "LatentKV":
+    def truncate(self, n: int) -> LatentKV:
         return LatentKV(self.latent[:n], self.k_pe[:n])
 
-    def clone(self) -> "LatentKV":
+    def clone(self) -> LatentKV:
         return LatentKV(self.latent.clone(), self.k_pe.clone())
 
 

@@ -8,8 +8,8 @@ cache=c)` reuses the longest common prefix of `c.token_ids` and the prompt and r
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -27,17 +27,17 @@ class KVCache:
     token_ids: list[int] = field(default_factory=list)
 
     @classmethod
-    def empty(cls, num_layers: int) -> "KVCache":
+    def empty(cls, num_layers: int) -> KVCache:
         return cls([None] * num_layers, [])
 
     @property
     def seq_len(self) -> int:
         return len(self.token_ids)
 
-    def clone(self) -> "KVCache":
+    def clone(self) -> KVCache:
         return KVCache([c.clone() if c is not None else None for c in self.layers], list(self.token_ids))
 
-    def truncate(self, n: int) -> "KVCache":
+    def truncate(self, n: int) -> KVCache:
         """Keep the first n tokens (in place; returns self). n larger than seq_len is an error."""
         if not 0 <= n <= self.seq_len:
             raise ValueError(f"cannot truncate a {self.seq_len}-token cache to {n} tokens")
@@ -76,10 +76,35 @@ def sample_token(logits: torch.Tensor, temperature: float, top_p: float, generat
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
-class K2Model:
-    """Every layer resident; forward over new tokens given a cache; generate."""
+# The NVFP4 checkpoint declares an FP8 KV cache without k/v scales (SPEC §2): SGLang then stores the MLA
+# latent and k_pe as plain float8_e4m3fn casts (scale 1.0).
+FP8_KV_CACHE_DTYPE = torch.float8_e4m3fn
+_FP8_KV_MAX = 448.0
 
-    def __init__(self, source: WeightSource, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
+
+def _round_to_kv_dtype(t: torch.Tensor, kv_dtype: torch.dtype) -> torch.Tensor:
+    # clamp first: torch's float8 cast is not saturating (an overflow would become NaN, not 448)
+    return t.clamp(-_FP8_KV_MAX, _FP8_KV_MAX).to(kv_dtype).to(t.dtype)
+
+
+class K2Model:
+    """Every layer resident; forward over new tokens given a cache; generate.
+
+    `kv_cache_dtype=torch.float8_e4m3fn` emulates `--kv-cache-dtype fp8_e4m3`: tokens read back from the
+    cache (every earlier forward call's) are fp8-rounded; tokens of the current call attend to each
+    other unrounded, as a prefill does.
+    """
+
+    def __init__(
+        self,
+        source: WeightSource,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        kv_cache_dtype: torch.dtype | None = None,
+    ):
+        if kv_cache_dtype not in (None, FP8_KV_CACHE_DTYPE):
+            raise ValueError(f"kv_cache_dtype must be None or torch.float8_e4m3fn, got {kv_cache_dtype}")
+        self.kv_cache_dtype = kv_cache_dtype
         self.source = source
         self.config = source.config
         self.device = torch.device(device)
@@ -114,6 +139,11 @@ class K2Model:
         for w, past in zip(self.layers, cache.layers):
             h, layer_cache = attention_block(self.config, self.rope, w, x, past=past)
             x = mlp_block(self.config, w, h)
+            if self.kv_cache_dtype is not None:  # idempotent on the already-rounded past
+                layer_cache = LatentKV(
+                    _round_to_kv_dtype(layer_cache.latent, self.kv_cache_dtype),
+                    _round_to_kv_dtype(layer_cache.k_pe, self.kv_cache_dtype),
+                )
             new_layers.append(layer_cache)
         logits = F.linear(rms_norm(x, self.final_norm, self.config.rms_norm_eps), self.lm_head)
         return logits, KVCache(new_layers, cache.token_ids + ids.tolist())
@@ -143,7 +173,7 @@ class K2Model:
             cache = self.new_cache()
         logits, cache = self.forward(prompt[cache.seq_len :], cache)
         last = logits[-1]
-        stops = set(int(s) for s in stop_ids)
+        stops = {int(s) for s in stop_ids}
         tokens: list[int] = []
         logprobs: list[float] = []
         finish = "length"

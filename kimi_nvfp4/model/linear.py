@@ -24,9 +24,12 @@ from enum import Enum
 import torch
 import torch.nn.functional as F
 
-from ..numerics.constants import INT4_GROUP_SIZE, INT4_PER_INT32
 from ..numerics.int4 import dequantize_int4
-from ..numerics.nvfp4 import NVFP4Tensor, dequantize_nvfp4, fake_quantize_activation_nvfp4
+from ..numerics.nvfp4 import (
+    NVFP4Tensor,
+    dequantize_nvfp4,
+    fake_quantize_activation_nvfp4,
+)
 
 
 class ActivationMode(str, Enum):
@@ -91,19 +94,6 @@ class Int4Linear(Linear):
         super().__init__(module, weight_packed.shape[0], in_features, dtype)
         self.weight_packed = weight_packed
         self.weight_scale = weight_scale
-
-    def _checked(self) -> "Int4Linear":
-        """Raise ValueError unless the packed codes and group scales fit `[out, in]`."""
-        words = -(-self.in_features // INT4_PER_INT32)
-        groups = -(-self.in_features // INT4_GROUP_SIZE)
-        if self.weight_packed.dtype != torch.int32 or tuple(self.weight_packed.shape) != (self.out_features, words):
-            raise ValueError(
-                f"weight_packed is {self.weight_packed.dtype} {tuple(self.weight_packed.shape)}, "
-                f"expected int32 {(self.out_features, words)}"
-            )
-        if tuple(self.weight_scale.shape) != (self.out_features, groups):
-            raise ValueError(f"weight_scale is {tuple(self.weight_scale.shape)}, expected {(self.out_features, groups)}")
-        return self
 
     def _dequantize(self) -> torch.Tensor:
         return dequantize_int4(self.weight_packed, self.weight_scale, self.in_features).to(self.dtype)

@@ -17,9 +17,9 @@ and ModelOptFp4LinearMethod `process_weights_after_loading`):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Mapping
 
 import torch
 

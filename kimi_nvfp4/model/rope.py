@@ -89,7 +89,7 @@ class RotaryEmbedding:
     softmax_scale: float
 
     @classmethod
-    def from_config(cls, cfg: K2Config) -> "RotaryEmbedding":
+    def from_config(cls, cfg: K2Config) -> RotaryEmbedding:
         dim, base = cfg.qk_rope_head_dim, float(cfg.rope_theta)
         rs = cfg.rope_scaling or {}
         kind = _rope_type(rs)

@@ -9,9 +9,9 @@ blocked to `attention.ATTENTION_SCORE_BUDGET`.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F

@@ -12,20 +12,21 @@ refuses NVFP4 tensors and `NVFP4Weights` refuses INT4 ones, so a wrong `kind` ne
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from ..checkpoint.k2_config import K2Config
+from ..checkpoint.layout import PROJS
 from ..checkpoint.modelopt_config import HF_QUANT_CONFIG_NAME
 from ..checkpoint.reader import INDEX_NAME, CheckpointReader
 from ..errors import CheckpointError, UnsupportedCheckpointError
+from ..numerics.constants import INT4_GROUP_SIZE, INT4_PER_INT32, NVFP4_BLOCK_SIZE
 from .layer_weights import AttentionWeights, LayerWeights, MLPWeights, MoEWeights
 from .linear import DenseLinear, Int4Linear, Linear
 from .nvfp4_linears import InputScaleReduction, Nvfp4LinearBuilder, RawNvfp4
-
-PROJS = ("gate_proj", "up_proj", "down_proj")
 
 
 @runtime_checkable
@@ -65,6 +66,15 @@ class _CheckpointWeights:
             )
         return t.to(device)
 
+    def _scalar(self, name: str, device) -> torch.Tensor:
+        """A per-tensor fp32 scale (ModelOpt stores 0-d; a 1-element tensor is accepted too)."""
+        t = self._tensor(name, None, device)
+        if t.numel() != 1 or not t.is_floating_point():
+            raise CheckpointError(
+                f"expected one float scale, got {t.dtype} {tuple(t.shape)}", file=self._file_of(name), tensor=name
+            )
+        return t.to(torch.float32).reshape(())
+
     def _norm(self, layer: int, rel: str, n: int, device) -> torch.Tensor:
         return self._tensor(f"{self.layout.layer_prefix(layer)}{rel}.weight", (n,), device).to(torch.float32)
 
@@ -100,26 +110,23 @@ class _CheckpointWeights:
                 f"weight_shape {shape} does not match the config's [{out_f}, {in_f}]",
                 file=self._file_of(f"{full}.weight_shape"), tensor=f"{full}.weight_shape",
             )
-        packed = self._tensor(f"{full}.weight_packed", None, device)
-        scale = self._tensor(f"{full}.weight_scale", None, device)
-        try:
-            return Int4Linear(rel, packed, scale, in_f, dtype)._checked()
-        except ValueError as e:
-            raise CheckpointError(str(e), file=self._file_of(f"{full}.weight_packed"), tensor=f"{full}.weight_packed") from None
+        words, groups = -(-in_f // INT4_PER_INT32), -(-in_f // INT4_GROUP_SIZE)
+        packed = self._tensor(f"{full}.weight_packed", (out_f, words), device)
+        if packed.dtype != torch.int32:
+            raise CheckpointError(f"expected int32 packed codes, got {packed.dtype}",
+                                  file=self._file_of(f"{full}.weight_packed"), tensor=f"{full}.weight_packed")
+        scale = self._tensor(f"{full}.weight_scale", (out_f, groups), device)
+        return Int4Linear(rel, packed, scale, in_f, dtype)
 
     def _load_raw_nvfp4(self, layer: int, rel: str, out_f: int, in_f: int, device) -> RawNvfp4:
-        from ..numerics.constants import NVFP4_BLOCK_SIZE
-
         full = f"{self.layout.layer_prefix(layer)}{rel}"
         weight = self._tensor(f"{full}.weight", (out_f, in_f // 2), device)
         scale = self._tensor(f"{full}.weight_scale", (out_f, in_f // NVFP4_BLOCK_SIZE), device)
         if scale.dtype != torch.float8_e4m3fn:
             raise CheckpointError(f"expected float8_e4m3fn block scales, got {scale.dtype}",
                                   file=self._file_of(f"{full}.weight_scale"), tensor=f"{full}.weight_scale")
-        scale_2 = self._tensor(f"{full}.weight_scale_2", None, device).to(torch.float32).reshape(())
-        input_scale = None
-        if f"{full}.input_scale" in self.reader:
-            input_scale = self._tensor(f"{full}.input_scale", None, device).to(torch.float32).reshape(())
+        scale_2 = self._scalar(f"{full}.weight_scale_2", device)
+        input_scale = self._scalar(f"{full}.input_scale", device) if f"{full}.input_scale" in self.reader else None
         return RawNvfp4(rel, full, self._file_of(f"{full}.weight"), weight, scale, scale_2, input_scale)
 
     def _load_group(self, layer: int, specs: list[tuple[str, int, int]], device, dtype, experts: bool) -> dict[str, Linear]:

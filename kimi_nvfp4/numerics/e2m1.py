@@ -57,7 +57,11 @@ _table_cache: dict[tuple[str, torch.device], torch.Tensor] = {}
 def _table(name: str, device: torch.device) -> torch.Tensor:
     key = (name, device)
     if key not in _table_cache:
-        source = {"values": E2M1_VALUES, "bounds": _decision_bounds()}[name]
+        source = {
+            "values": E2M1_VALUES,
+            "bounds": _decision_bounds(),
+            "max": torch.tensor(E2M1_MAX, dtype=torch.float32),
+        }[name]
         _table_cache[key] = source.to(device)
     return _table_cache[key]
 
@@ -74,12 +78,26 @@ def encode_e2m1(x: torch.Tensor) -> torch.Tensor:
     return (sign << 3) | _magnitude_index(x.abs()).to(torch.uint8)
 
 
-def round_e2m1_magnitude(x: torch.Tensor) -> torch.Tensor:
-    """Non-negative fp32 -> the E2M1 magnitude it encodes to (fp32), same rounding as `encode_e2m1`.
+# fp32 bit layout: 23 mantissa bits under the biased exponent.
+_FP32_MANTISSA_BITS = 23
+# Biased fp32 exponent of 0.5, the E2M1 step below 2 (subnormal 0.5 and 1.0 -> 1.5 both step 0.5).
+_E2M1_MIN_STEP_BIASED_EXPONENT = 126
 
-    `decode_e2m1(encode_e2m1(x))` without the sign work, for the scale searches' inner loop.
+
+def round_e2m1_magnitude(x: torch.Tensor) -> torch.Tensor:
+    """Non-negative fp32 -> the E2M1 magnitude it rounds to (fp32), identical to `decode(encode(x))`.
+
+    Arithmetic form of the same rounding, for the scale searches' inner loop (searchsorted and table
+    lookups are slow on CPU): E2M1 has one mantissa bit, so a value with binary exponent e >= 1 is
+    rounded to a multiple of 2**(e-1), one below 2 to a multiple of 0.5. `x / step` is exact (step is
+    a power of two), `torch.round` is round-half-to-even on CPU and CUDA, which is ties-to-even
+    mantissa here (an even multiple of the step has mantissa bit 0), and `minimum` saturates at 6
+    (5 -> 4 by the tie rule; anything above 5 -> 6). NaN/inf never reach this (tested against encode).
     """
-    return _table("values", x.device)[_magnitude_index(x)]
+    biased_exponent = x.view(torch.int32) >> _FP32_MANTISSA_BITS
+    step_bits = (biased_exponent - 1).clamp(min=_E2M1_MIN_STEP_BIASED_EXPONENT) << _FP32_MANTISSA_BITS
+    step = step_bits.view(torch.float32)
+    return torch.minimum(torch.round(x / step) * step, _table("max", x.device))
 
 
 def decode_e2m1(codes: torch.Tensor) -> torch.Tensor:

@@ -21,10 +21,10 @@ drift from the stage code. Example:
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Any
 
+import tomllib
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from ..errors import KimiNvfp4Error
@@ -88,7 +88,8 @@ class ServeCheckSection(_Section):
         chosen = [name for name, on in (("profile", self.profile), ("url", self.url), ("reference", self.reference))
                   if on]
         if self.enabled and len(chosen) != 1:
-            raise ValueError(f"serve_check needs exactly one of profile, url, reference = true (got {chosen or 'none'})")
+            got = ", ".join(chosen) or "none"
+            raise ValueError(f"serve_check needs exactly one of profile, url, reference = true (got {got})")
         return self
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import sys
 import time
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from tqdm.auto import tqdm
 

@@ -3,7 +3,8 @@ in-process reference server over the converted checkpoint (reference = true; wha
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from pydantic import ValidationError
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import importlib
 import inspect
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..checkpoint.manifest import MANIFEST_NAME
 from ..errors import CheckpointError, KimiNvfp4Error

@@ -57,8 +57,9 @@ class PipelineSummary:
         return data
 
     def _rows(self) -> list[tuple[str, str, str, str]]:
-        return [(s.name, s.status.value, f"{s.seconds:.1f}s" if s.status not in (StageStatus.DISABLED, StageStatus.NOT_RUN) else "",
-                 s.summary) for s in self.stages]
+        untimed = (StageStatus.DISABLED, StageStatus.NOT_RUN)
+        return [(s.name, s.status.value, "" if s.status in untimed else f"{s.seconds:.1f}s", s.summary)
+                for s in self.stages]
 
     def to_table(self) -> str:
         header = ("stage", "status", "time", "result")

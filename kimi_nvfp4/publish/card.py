@@ -38,11 +38,15 @@ _SERVE_PROFILE = "b200-tp4"
 # Stage-record outputs that are local paths: meaningless (and private) on the Hub.
 _LOCAL_OUTPUT_KEYS = frozenset({"report", "report_dir", "report_json", "checkpoint", "source"})
 
+# One line per numerics/methods/types.py ScaleMethod value (candidates in numerics/methods/candidates.py).
 METHOD_DESCRIPTIONS = {
-    "amax": "ModelOpt's default block scale, `amax(block) / 6` rounded to E4M3 (bit-exact with NVFP4QTensor).",
-    "int4-aware": "Block scales chosen so the INT4 source grid lands on E2M1 values (most codes exact), with a "
-                  "tensor scale picked to keep that alignment after E4M3 rounding.",
-    "sweep": "Per-block search over E4M3 block scales minimising the error against the INT4 source values.",
+    "amax": "Model Optimizer's rule, block scale `amax(block) / 6` rounded to E4M3 (bit-exact with "
+            "NVFP4QTensor).",
+    "int4-aware": "per 16-value block, the best of a few E4M3 scales derived from the INT4 codes and group "
+                  "scale (ModelOpt's amax/6, Four Over Six's amax/4, and the INT4-aligned 2x group scale that "
+                  "makes most codes exact), chosen by error against the INT4 values; never worse than `amax`.",
+    "sweep": "per 16-value block, all 126 positive E4M3 scales tried, the one with the least error against the "
+             "INT4 values kept (the quality reference).",
 }
 
 
@@ -137,8 +141,8 @@ def _method_section(manifest: Any) -> str:
     settings = manifest.settings.model_dump() if hasattr(manifest.settings, "model_dump") else dict(manifest.settings)
     method = str(settings.get("method", "unknown"))
     lines = ["## Method\n",
-             f"INT4 (compressed-tensors `pack-quantized`, group 32) routed experts are converted directly to "
-             f"NVFP4 (E2M1 values, E4M3 scale per 16 inputs, FP32 tensor scale) without a BF16 round trip.\n",
+             "INT4 (compressed-tensors `pack-quantized`, group 32) routed experts are converted directly to "
+             "NVFP4 (E2M1 values, E4M3 scale per 16 inputs, FP32 tensor scale) without a BF16 round trip.\n",
              f"- Block-scale method: `{method}` — {METHOD_DESCRIPTIONS.get(method, 'see the manifest')}",
              "- gate_proj and up_proj of each expert share one `weight_scale_2` (SGLang keeps only gate's).",
              f"- KV cache: `{settings.get('kv_cache_quant_algo', 'none')}`"]

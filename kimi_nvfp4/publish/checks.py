@@ -127,7 +127,8 @@ def check_shards(folder: Path, manifest: Any, *, workers: int = 4, progress: boo
     total = sum(r.bytes for r in shards.values())
     with tqdm(total=total, unit="B", unit_scale=True, desc="verify sha256", disable=not progress) as bar:
         with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-            digests = dict(zip(sorted(shards), pool.map(lambda f: sha256_file(folder / f, bar), sorted(shards))))
+            names = sorted(shards)
+            digests = dict(zip(names, pool.map(lambda f: sha256_file(folder / f, bar), names), strict=True))
     for file, record in sorted(shards.items()):
         if digests[file] != record.sha256:
             raise CheckpointError(f"sha256 {digests[file]} does not match the manifest's {record.sha256} "

@@ -19,7 +19,8 @@ from .files import format_size
               help="Publish although validate is missing or failed; the card says so. Shard checks still apply.")
 @click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where validate/serve-check wrote their reports (default: OUTPUT/reports, then the manifest).")
-@click.option("--base-model", default=None, help="Hub id of the source model for the card (default: from the manifest).")
+@click.option("--base-model", default=None,
+              help="Hub id of the source model for the card (default: from the manifest).")
 @click.option("--endpoint", default=None, help="Hub URL (default: HF_ENDPOINT or https://huggingface.co).")
 @click.option("--workers", type=click.IntRange(1, 64), default=4, show_default=True,
               help="Threads hashing shards in parallel.")

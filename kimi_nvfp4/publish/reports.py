@@ -141,10 +141,11 @@ def render_validation(data: dict[str, Any]) -> str | None:
         out.append("")
     weights = data.get("weights")
     if isinstance(weights, dict):
+        exact = weights.get("exact_fraction")
+        exact_pct = _fmt(100 * exact, 3) if isinstance(exact, float) else "-"
         out.append(f"Weights: {weights.get('matrices', '?')} expert matrices, relative MSE mean "
                    f"{_fmt(weights.get('rel_mse_mean'))} (max {_fmt(weights.get('rel_mse_max'))}), "
-                   f"{_fmt(100 * weights['exact_fraction'], 3) if isinstance(weights.get('exact_fraction'), float) else '-'}"
-                   "% of INT4 values reproduced exactly.\n")
+                   f"{exact_pct}% of INT4 values reproduced exactly.\n")
     out.append("**Gates**\n\n" + gates_table(gates))
     return "\n".join(out)
 
@@ -165,8 +166,9 @@ def render_serve_check(data: dict[str, Any]) -> str | None:
                    f"{load.get('output_tokens', '?')} output tokens per turn.\n")
         out += ["| concurrency | requests | errors | TTFT p50 (s) | TPOT p50 (ms) | tok/s per user | "
                 "tokens/min/GPU | cache hit |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        out += [f"| {p.get('concurrency')} | {p.get('requests')} | {p.get('errors')} | {_fmt(p.get('ttft_p50_s'), 3)} | "
-                f"{_fmt(p.get('tpot_p50_ms'), 3)} | {_fmt(p.get('interactivity_tok_s'), 3)} | "
+        out += [f"| {p.get('concurrency')} | {p.get('requests')} | {p.get('errors')} | "
+                f"{_fmt(p.get('ttft_p50_s'), 3)} | {_fmt(p.get('tpot_p50_ms'), 3)} | "
+                f"{_fmt(p.get('interactivity_tok_s'), 3)} | "
                 f"{_fmt(p.get('throughput_tok_min_gpu'), 3)} | {_fmt(p.get('cache_hit_rate'), 3)} |"
                 for p in load["points"]]
         out.append("")

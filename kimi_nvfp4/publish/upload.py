@@ -14,10 +14,11 @@ scrubbed of it anyway before they reach the user.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from ..errors import KimiNvfp4Error, OutputError
 from .files import PublishFile

@@ -96,15 +96,17 @@ async def _quality(url: str, checkpoint: Path, cfg: QualityConfig) -> tuple[Qual
     report = QualityReport()
     samples = None
     async with ChatClient(url) as client:
-        extra = {"chat_template_kwargs": {"thinking": cfg.thinking}}
         if cfg.tool_calls:
-            try:
-                report.tool_calls = await run_tool_call_check(client, max_tokens=cfg.tool_call_max_tokens,
-                                                              limit=cfg.tool_call_limit, extra=extra)
+            try:  # the template's default thinking mode: models reason before they call
+                report.tool_calls = await run_tool_call_check(client, suite=cfg.tool_call_suite,
+                                                              max_tokens=cfg.tool_call_max_tokens,
+                                                              limit=cfg.tool_call_limit)
             except Exception as e:  # recorded and gated: one broken check must not hide the others
                 report.errors["tool_calls"] = f"{type(e).__name__}: {e}"
         if cfg.humaneval:
             try:
+                # thinking off by default: the answer, not the reasoning, must fit max_tokens
+                extra = {"chat_template_kwargs": {"thinking": cfg.humaneval_thinking}}
                 report.humaneval = await run_humaneval(client, limit=cfg.humaneval_limit,
                                                        max_tokens=cfg.humaneval_max_tokens, extra=extra)
             except Exception as e:
@@ -154,6 +156,9 @@ def run_serve_check(
     """
     if (profile is None) == (url is None):
         raise KimiNvfp4Error("give exactly one of a serving profile or the URL of a running server")
+    for spec in (profile, compare):
+        if spec is not None and not is_url(spec):
+            get_profile(spec)  # a typo in --compare should fail now, not after the first sweep
     checkpoint = Path(checkpoint)
     report_dir = Path(report_dir)
     report_dir.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from .loadgen import LoadSweep
@@ -50,20 +52,21 @@ class QualityConfig(BaseModel):
     humaneval_limit: int | None = Field(None, ge=1, description="first N problems (None: all 164)")
     humaneval_max_tokens: int = Field(512, ge=1)
     tool_calls: bool = True
+    tool_call_suite: Literal["standard", "agent"] = Field("standard", description="see quality/tool_calls.py")
     tool_call_limit: int | None = Field(None, ge=1)
-    tool_call_max_tokens: int = Field(256, ge=1)
+    tool_call_max_tokens: int = Field(1024, ge=1, description="room to think before calling")
     agreement: bool = True
     agreement_limit: int | None = Field(None, ge=1)
     agreement_max_new_tokens: int = Field(32, ge=1)
     agreement_device: str = "cpu"
     agreement_activations: str | None = Field(None, description="w4a4|w4a16; None: from the profile (w4a4 for URLs)")
-    thinking: bool = Field(False, description="chat_template_kwargs.thinking for the HumanEval/tool-call requests")
+    humaneval_thinking: bool = Field(False, description="chat_template_kwargs.thinking for HumanEval requests")
     gates: Gates | None = None
 
     @classmethod
     def quick(cls, **overrides) -> QualityConfig:
-        base = dict(humaneval_limit=3, humaneval_max_tokens=24, tool_call_limit=3, tool_call_max_tokens=24,
-                    agreement_limit=3, agreement_max_new_tokens=8)
+        base = dict(humaneval_limit=4, humaneval_max_tokens=64, tool_call_suite="agent", tool_call_limit=4,
+                    tool_call_max_tokens=64, agreement_limit=3, agreement_max_new_tokens=16)
         return cls(**{**base, **overrides})
 
 
@@ -184,7 +187,8 @@ def render_markdown(r: ServeCheckReport, chart_name: str | None) -> str:
         f"# Serve check: {'PASSED' if r.passed else 'FAILED'}",
         "",
         f"- checkpoint: `{r.checkpoint}`",
-        f"- server: {t.label} at {t.url}" + (" (reference emulator)" if t.reference_emulator else ""),
+        f"- server: {t.label if t.label == t.url else f'{t.label} at {t.url}'}"
+        + (" (reference emulator)" if t.reference_emulator else ""),
         f"- tool: kimi-nvfp4 {r.tool_version}; {r.started_at} → {r.finished_at}",
     ]
     if t.command:
@@ -208,7 +212,7 @@ def render_markdown(r: ServeCheckReport, chart_name: str | None) -> str:
                      f"{q.humaneval.requests_failed} request failures)")
     if q.tool_calls:
         tc = q.tool_calls
-        lines.append(f"- Tool calls: trigger rate {tc.trigger_rate:.2f}, "
+        lines.append(f"- Tool calls ({tc.suite} suite): trigger rate {tc.trigger_rate:.2f}, "
                      f"schema accuracy {_fmt(tc.schema_accuracy, '.2f')} "
                      f"over {tc.prompts} prompts")
     if q.agreement:

@@ -62,7 +62,7 @@ class LoadConfig(BaseModel):
     @classmethod
     def quick(cls, **overrides) -> LoadConfig:
         """Small enough for the demo model on CPU: a minute or two in all."""
-        base = dict(concurrency=[1, 2, 4], turns=3, input_tokens=160, output_tokens=8, tool_gap_s=0.0,
+        base = dict(concurrency=[1, 2, 4], turns=4, input_tokens=256, output_tokens=16, tool_gap_s=0.0,
                     point_timeout_s=120.0, request_timeout_s=60.0)
         return cls(**{**base, **overrides})
 

@@ -24,9 +24,10 @@ from ..numerics.int4 import pack_int4
 LINEAR_WEIGHT_STD = 0.02
 # Per-row spread (log-normal sigma) of expert weight magnitudes, so group scales vary like real ones.
 EXPERT_ROW_LOG_STD = 0.3
-# Realistic INT4: symmetric absmax scale, as compressed-tensors' minmax observer does (absmax / 7 keeps
-# the positive maximum representable; the most negative code -8 is then rarely used, like real K2).
-INT4_ABSMAX_DIVISOR = float(INT4_MAX)
+# Realistic INT4: compressed-tensors' symmetric minmax rule (quantization/utils/helpers.py
+# `calculate_qparams`: scale = absmax / (bit_range / 2) = absmax / 7.5), so a group's extreme value
+# lands on +7 (clamped from 7.5) or -8, and every one of the 16 codes occurs.
+INT4_ABSMAX_DIVISOR = (INT4_MAX - INT4_MIN) / 2
 # Rows generated at once for huge tensors (embeddings at real size are 1.2e9 elements).
 _GENERATE_ROWS = 4096
 
@@ -41,7 +42,7 @@ class Fill(str, Enum):
 
 
 class CodeDistribution(str, Enum):
-    REALISTIC = "realistic"  # Gaussian weights quantized with absmax/7 bf16 group scales
+    REALISTIC = "realistic"  # Gaussian weights quantized with absmax/7.5 bf16 group scales
     UNIFORM = "uniform"  # every INT4 code equally likely, log-uniform scales (stress test)
 
 

@@ -22,7 +22,7 @@ WORST_EXPERTS = 10
 
 
 class ExpertError(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
 
     layer: int
     expert: int

@@ -22,7 +22,7 @@ from ..model.linear import ActivationMode
 class ModeThresholds(BaseModel):
     """End-to-end gates for one emulation mode (NVFP4 against the INT4 source)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
 
     kl_mean_max: float  # mean per-token KL(INT4 || NVFP4), nats
     kl_p99_max: float  # 99th percentile of the per-token KL, nats
@@ -33,7 +33,7 @@ class ModeThresholds(BaseModel):
 
 
 class GateThresholds(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
 
     weight_rel_mse_max: float  # worst single matrix: relative MSE of NVFP4 values against INT4 values
     weight_rel_mse_mean_max: float  # mean over all matrices
@@ -45,17 +45,31 @@ class GateThresholds(BaseModel):
         return getattr(self, ActivationMode(mode).value)
 
 
-# Measured on the demo model (see docs/validate.md, "How the default gates were chosen"):
-# each threshold is the measured value of a correct conversion with a safety margin, and far
-# below what any of the corruptions in tests/validate/test_corruptions.py produce.
+# Measured on the bundled demo model (docs/validate.md, "How the default thresholds were chosen"):
+# a correct conversion (convert default method, calibrate defaults on `builtin` sessions) measured
+# on 32 x 256 held-out tokens, then loosened: error-like values x2 (x4 for the single worst weight
+# matrix), top-1 minus 0.05, perplexity ratio 1.05 / 1.03. Every corruption in
+# kimi_nvfp4/validate/corruptions.py fails by a wide margin (a corrupted matrix has rel MSE >= 0.3).
 DEFAULT_GATES = GateThresholds(
-    weight_rel_mse_max=0.05,
-    weight_rel_mse_mean_max=0.02,
-    weight_exact_fraction_min=0.5,
-    w4a4=ModeThresholds(kl_mean_max=0.05, kl_p99_max=0.5, top1_min=0.9, ppl_ratio_max=1.05, drift_max=0.05,
-                      expert_output_rel_mse_max=0.1),
-    w4a16=ModeThresholds(kl_mean_max=0.03, kl_p99_max=0.3, top1_min=0.93, ppl_ratio_max=1.03, drift_max=0.03,
-                       expert_output_rel_mse_max=0.05),
+    weight_rel_mse_max=0.02,  # measured 0.0052
+    weight_rel_mse_mean_max=0.01,  # measured 0.0051
+    weight_exact_fraction_min=0.07,  # measured 0.142
+    w4a4=ModeThresholds(
+        kl_mean_max=0.3,  # measured 0.136
+        kl_p99_max=3.0,  # measured 1.46
+        top1_min=0.8,  # measured 0.863
+        ppl_ratio_max=1.05,  # measured 1.015
+        drift_max=0.1,  # measured 0.041 (last layer)
+        expert_output_rel_mse_max=0.1,  # measured 0.047
+    ),
+    w4a16=ModeThresholds(
+        kl_mean_max=0.15,  # measured 0.064
+        kl_p99_max=1.7,  # measured 0.84
+        top1_min=0.85,  # measured 0.910
+        ppl_ratio_max=1.03,  # measured 0.991
+        drift_max=0.05,  # measured 0.019
+        expert_output_rel_mse_max=0.05,  # measured 0.017
+    ),
 )
 
 
@@ -127,7 +141,7 @@ def _merge(into: dict[str, Any], new: dict[str, Any], where: str, prefix: str = 
 class GateResult(BaseModel):
     """One gate's verdict: the measured value, the threshold, and by how much it failed."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
 
     name: str
     passed: bool

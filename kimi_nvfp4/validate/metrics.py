@@ -16,34 +16,42 @@ KL_P99 = 0.99
 KL_HISTOGRAM_BINS = 40
 
 
-@dataclass
 class RelativeError:
-    """sum ||ref - test||^2 / sum ||ref||^2 over every chunk added (relative MSE)."""
+    """sum ||ref - test||^2 / sum ||ref||^2 over every chunk added (relative MSE).
 
-    sum_sq_diff: float = 0.0
-    sum_sq_ref: float = 0.0
-    count: int = 0
+    The sums stay fp64 tensors on the data's device until read, so adding a chunk never waits
+    for the GPU.
+    """
+
+    def __init__(self) -> None:
+        self._diff: torch.Tensor | float = 0.0
+        self._ref: torch.Tensor | float = 0.0
+        self.count = 0
 
     def add(self, ref: torch.Tensor, test: torch.Tensor) -> None:
         if ref.shape != test.shape:
             raise ValueError(f"shapes differ: {tuple(ref.shape)} vs {tuple(test.shape)}")
         r = ref.to(torch.float64)
-        self.sum_sq_diff += float((r - test.to(torch.float64)).square().sum())
-        self.sum_sq_ref += float(r.square().sum())
+        self._diff = self._diff + (r - test.to(device=r.device, dtype=torch.float64)).square().sum()
+        self._ref = self._ref + r.square().sum()
         self.count += ref.numel()
 
-    def merge(self, other: "RelativeError") -> None:
-        self.sum_sq_diff += other.sum_sq_diff
-        self.sum_sq_ref += other.sum_sq_ref
-        self.count += other.count
+    @property
+    def sum_sq_diff(self) -> float:
+        return float(self._diff)
+
+    @property
+    def sum_sq_ref(self) -> float:
+        return float(self._ref)
 
     @property
     def rel_mse(self) -> float:
         if self.count == 0:
             return 0.0
-        if self.sum_sq_ref == 0.0:
-            return 0.0 if self.sum_sq_diff == 0.0 else math.inf
-        return self.sum_sq_diff / self.sum_sq_ref
+        diff, ref = self.sum_sq_diff, self.sum_sq_ref
+        if ref == 0.0:
+            return 0.0 if diff == 0.0 else math.inf
+        return diff / ref
 
 
 def percentile(values: torch.Tensor, q: float) -> float:

@@ -25,7 +25,7 @@ WORST_PNG = "worst_experts.png"
 class EndToEnd(BaseModel):
     """NVFP4 against INT4 on the held-out tokens, for one emulation mode."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
 
     mode: str
     positions: int
@@ -41,7 +41,7 @@ class EndToEnd(BaseModel):
 
 
 class LayerValidation(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
 
     layer: int
     drift: dict[str, float]  # mode -> relative MSE between the INT4 and NVFP4 hidden states after this layer
@@ -50,7 +50,7 @@ class LayerValidation(BaseModel):
 
 
 class ValidationSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
 
     data: str
     samples: int
@@ -61,7 +61,7 @@ class ValidationSettings(BaseModel):
 
 
 class ValidationReport(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
 
     checkpoint: str
     source: str

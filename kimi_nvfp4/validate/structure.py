@@ -36,7 +36,7 @@ MAX_ISSUES_PER_CHECK = 50
 
 
 class StructureCheck(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
 
     name: str
     passed: bool
@@ -45,7 +45,7 @@ class StructureCheck(BaseModel):
 
 
 class StructureReport(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
 
     checks: list[StructureCheck]
     nvfp4_linears: int

@@ -24,7 +24,7 @@ MAX_FLAGGED = 50
 
 
 class MatrixComparison(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
 
     module: str
     layer: int
@@ -37,7 +37,7 @@ class MatrixComparison(BaseModel):
 
 
 class LayerWeightError(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
 
     layer: int
     matrices: int
@@ -47,7 +47,7 @@ class LayerWeightError(BaseModel):
 
 
 class WeightSummary(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
 
     matrices: int
     rel_mse: float  # pooled over every matrix

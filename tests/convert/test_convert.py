@@ -222,3 +222,22 @@ def test_summary_counts_and_cli_json(source, tmp_path):
     summary = json.loads(result.output)
     assert summary["matrices_converted"] == 48 and summary["shards_converted"] == 5
     assert summary["int4_bytes_in"] > 0 and summary["bytes_out"] > 0 and summary["gb_per_s"] > 0
+
+
+def test_compressed_tensors_reads_the_output_as_modelopt_nvfp4(converted):
+    """compressed-tensors' own ModelOpt-NVFP4 converter accepts every output shard as is."""
+    from compressed_tensors.entrypoints.convert.converters.modelopt_nvfp4 import ModelOptNvfp4Converter
+
+    _, out = converted
+    converter = ModelOptNvfp4Converter()
+    experts = 0
+    for shard in sorted(p for p in out.glob("*.safetensors")):
+        tensors = load_file(str(shard))
+        scale_2 = {n: t.clone() for n, t in tensors.items() if n.endswith(".weight_scale_2")}
+        converted_tensors = converter.validate(dict(tensors))
+        for name, s2 in scale_2.items():
+            module = name[: -len(".weight_scale_2")]
+            assert converted_tensors[f"{module}.weight_packed"].dtype == torch.uint8
+            assert torch.equal(converted_tensors[f"{module}.weight_global_scale"], 1 / s2)
+            experts += 1
+    assert experts == 48

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import torch
@@ -53,7 +53,7 @@ def nvfp4_from_int4(
         module: dequantize_int4(t["weight_packed"], t["weight_scale"], int(t["weight_shape"][1]))
         for module, t in experts.items()
     }
-    for module, w in dense.items():
+    for module in dense:
         if module.endswith("up_proj"):
             continue
         partner = module.replace("gate_proj", "up_proj") if module.endswith("gate_proj") else None

@@ -7,7 +7,7 @@ import torch
 
 from kimi_nvfp4.model import K2Model, KVCache, LayerStreamRunner, generate, open_weights
 
-TOL = dict(rtol=1e-5, atol=1e-5)
+TOL = {"rtol": 1e-5, "atol": 1e-5}
 
 
 @pytest.fixture(scope="module")
@@ -108,3 +108,23 @@ def test_bad_arguments(model):
         model.generate(PROMPT, 3, top_p=0.0)
     with pytest.raises(ValueError, match="token ids"):
         model.forward([512])
+
+
+def test_fp8_kv_cache_rounds_what_is_read_back(tiny_src, model):
+    fp8 = K2Model(open_weights(tiny_src), kv_cache_dtype=torch.float8_e4m3fn)
+    # one call: nothing is read back from the cache, so the logits are the unrounded ones
+    full, cache = fp8.forward(PROMPT)
+    assert torch.equal(full, scratch_logits(model, PROMPT))
+    for layer in cache.layers:
+        assert torch.equal(layer.latent, layer.latent.to(torch.float8_e4m3fn).float())
+    # two calls: the second reads the first's tokens from the fp8 cache -> close, not equal
+    first, c = fp8.forward(PROMPT[:4])
+    second, _ = fp8.forward(PROMPT[4:], c)
+    assert torch.allclose(first, full[:4], **TOL)  # (matmul shapes differ: not bit-equal)
+    plain_first, plain_cache = model.forward(PROMPT[:4])
+    plain_second, _ = model.forward(PROMPT[4:], plain_cache)
+    assert torch.equal(first, plain_first)
+    assert float((second - plain_second).abs().max()) > 1e-4  # the fp8 rounding shows ...
+    assert torch.allclose(second, plain_second, rtol=0.05, atol=0.05)  # ... and stays small
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        K2Model(open_weights(tiny_src), kv_cache_dtype=torch.bfloat16)

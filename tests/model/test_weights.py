@@ -181,3 +181,39 @@ def test_fused_dense_nvfp4_linears_take_the_max_scales(tiny_src, tmp_path):
     assert isinstance(source.layer(2, "cpu").mlp.shared_experts.gate_proj, DenseLinear)
     logits = next(LayerStreamRunner(source, progress=False).run([torch.arange(10)]))
     assert torch.isfinite(logits).all()
+
+
+def test_observer_sees_the_unquantized_input_in_w4a4(tiny_nvfp4_calibrated):
+    """Calibration measures the activation BEFORE the kernel quantizes it; y is what the kernel returns."""
+    from kimi_nvfp4.model import NullObserver
+
+    source = open_weights(tiny_nvfp4_calibrated)
+    layer = source.layer(1, "cpu")
+    seen = []
+
+    class Keep(NullObserver):
+        def on_linear(self, layer_index, module, x, y, expert=None, routed=True):
+            if layer_index == 1 and expert is not None and module.endswith("down_proj") and not seen:
+                seen.append((expert, x.clone(), y.clone()))
+
+    list(LayerStreamRunner(source, progress=False).run([torch.arange(40) % 512], observer=Keep()))
+    expert, x, y = seen[0]
+    lin = layer.mlp.experts[expert].down_proj
+    assert not torch.equal(x, fake_quantize_activation_nvfp4(x, lin.input_scale))  # x is raw
+    assert torch.allclose(y, lin(x), rtol=1e-5, atol=1e-6)
+
+
+def test_malformed_int4_scale_is_a_checkpoint_error(tiny_src, copy_checkpoint):
+    from safetensors.torch import load_file, save_file
+
+    ckpt = copy_checkpoint(tiny_src)
+    name = "language_model.model.layers.2.mlp.experts.6.up_proj.weight_scale"
+    shard = ckpt / json.loads((ckpt / "model.safetensors.index.json").read_text())["weight_map"][name]
+    tensors = load_file(str(shard))
+    tensors[name] = tensors[name][:, :1].contiguous()
+    save_file(tensors, str(shard))
+    source = open_weights(ckpt)
+    source.layer(1, "cpu")  # other layers still load
+    with pytest.raises(CheckpointError, match=r"shape \(32, 1\) does not match the config's \(32, 2\)") as e:
+        source.layer(2, "cpu")
+    assert f"tensor {name}" in str(e.value) and shard.name in str(e.value)

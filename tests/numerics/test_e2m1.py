@@ -86,8 +86,17 @@ def test_rejects_wrong_dtypes():
 def test_round_e2m1_magnitude_matches_encode_decode():
     from kimi_nvfp4.numerics.e2m1 import round_e2m1_magnitude
 
-    x = torch.cat([torch.rand(2000, generator=torch.Generator().manual_seed(1)) * 8,
-                   torch.tensor([0.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 100.0])])
+    gen = torch.Generator().manual_seed(1)
+    bounds = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0])
+    # every fp32 within 300 ulps of each bound / grid point, plus random values over 40 binades
+    ulps = torch.arange(-300, 301, dtype=torch.int32)
+    near = (bounds.view(torch.int32).unsqueeze(-1) + ulps).view(torch.float32).flatten()
+    x = torch.cat([
+        near,
+        torch.rand(20000, generator=gen) * 8,
+        torch.exp2(torch.rand(20000, generator=gen) * 40 - 30),
+        torch.tensor([0.0, 1e-45, 1e-40, 1e30, 3.4e38]),
+    ])
     assert torch.equal(round_e2m1_magnitude(x), decode_e2m1(encode_e2m1(x)))
 
 
@@ -103,5 +112,5 @@ def test_matches_model_optimizer_at_every_bound_and_its_fp32_neighbours():
 def test_magnitude_histogram_counts_absolute_codes():
     from kimi_nvfp4.numerics.methods.block_search import magnitude_histogram
 
-    codes = torch.tensor([[[-8, 7, -7, 0, 1, 1, -1, 2, 3, 4, 5, 6, -6, 0, 0, 0]]], dtype=torch.int8)
-    assert magnitude_histogram(codes).tolist() == [[[3.0, 1.0, 1.0, 1.0, 1.0, 2.0, 2.0, 1.0]]]
+    codes = torch.tensor([[-8, 7, -7, 0, 1, 1, -1, 2, 3, 4, 5, 6, -6, 0, 0, 0]], dtype=torch.int8)
+    assert magnitude_histogram(codes).flatten().tolist() == [3.0, 1.0, 1.0, 1.0, 1.0, 2.0, 2.0, 1.0]

@@ -18,8 +18,8 @@ from kimi_nvfp4.numerics.methods import (
     quantize_int4_matrices,
     search_block_scales,
 )
-from kimi_nvfp4.numerics.methods.block_search import block_codes_and_scales, candidate_errors, magnitude_histogram
-from kimi_nvfp4.numerics.methods.quantize import _amax_bits
+from kimi_nvfp4.numerics.methods.block_search import candidate_errors, flat_blocks, magnitude_histogram
+from kimi_nvfp4.numerics.methods.quantize import amax_block_bits
 from kimi_nvfp4.numerics.nvfp4 import dequantize_nvfp4, quantize_nvfp4, tensor_scale_from_amax
 
 from .conftest import realistic_int4
@@ -105,12 +105,12 @@ def test_never_worse_than_amax_on_any_block_under_the_same_tensor_scale(seed, te
     scale = torch.exp(torch.randn(4, 2, generator=gen) * 2 - 4).to(torch.bfloat16).float()
     m = Int4Matrix(codes, scale)
     t = torch.tensor(2.0**tensor_scale_exponent, dtype=torch.float32) * float(m.amax()) / 2688
-    block_codes, block_scale = block_codes_and_scales(m.codes, m.group_scale)
+    block_codes, block_scale = flat_blocks(m.codes, m.group_scale)
     histogram = magnitude_histogram(block_codes)
     for method in (ScaleMethod.INT4_AWARE, ScaleMethod.SWEEP):
         chosen, _, _ = search_block_scales(m, t, method)
-        chosen_err = candidate_errors(histogram, block_scale, e4m3_bits(chosen).unsqueeze(-1), t)
-        amax_err = candidate_errors(histogram, block_scale, _amax_bits(block_codes, block_scale, t), t)
+        chosen_err = candidate_errors(histogram, block_scale, e4m3_bits(chosen).reshape(1, -1), t)
+        amax_err = candidate_errors(histogram, block_scale, amax_block_bits(block_codes, block_scale, t), t)
         assert (chosen_err <= amax_err).all()
 
 
@@ -145,3 +145,17 @@ def test_zero_matrix_and_zero_blocks():
         assert error_stats(m, q).exact_fraction == 1.0
         (z,) = quantize_int4_matrices([Int4Matrix(torch.zeros(2, 32, dtype=torch.int8), torch.ones(2, 1))], method)
         assert (dequantize_nvfp4(z) == 0).all()
+
+
+def test_error_table_is_bit_identical_to_direct_block_errors():
+    from kimi_nvfp4.numerics.methods.block_search import ErrorTable, block_max_code
+    from kimi_nvfp4.numerics.methods.candidates import all_positive_bits, int4_aware_bits
+
+    m = realistic_int4(16, 256, seed=9, row_spread=2.0)
+    t = torch.tensor(2.0**-9)
+    block_codes, block_scale = flat_blocks(m.codes, m.group_scale)
+    histogram = magnitude_histogram(block_codes)
+    table = ErrorTable(m.group_scale, t)
+    index = table.block_scale_index(0, 16)
+    for bits in (int4_aware_bits(block_max_code(block_codes), block_scale, t), all_positive_bits(len(block_scale), "cpu")):
+        assert torch.equal(table.errors(histogram, index, bits), candidate_errors(histogram, block_scale, bits, t))

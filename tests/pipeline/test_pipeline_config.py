@@ -80,3 +80,19 @@ def test_bad_config_names_file_and_option(tmp_path, text, expected):
 def test_missing_config_file(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         load_pipeline_config(tmp_path / "nope.toml")
+
+
+def test_cli_exits_with_the_first_failing_stage_code(tmp_path, capsys):
+    """`kimi-nvfp4 run` on a source that is not a checkpoint: convert fails (exit 3), nothing else runs."""
+    from kimi_nvfp4.cli import main
+
+    (tmp_path / "not_a_checkpoint").mkdir()
+    try:
+        main(["run", str(tmp_path / "not_a_checkpoint"), str(tmp_path / "out"), "--no-progress"])
+        code = 0
+    except SystemExit as e:
+        code = int(e.code or 0)
+    captured = capsys.readouterr()
+    assert code == 3
+    assert "convert      FAILED" in captured.out and "calibrate    not run" in captured.out
+    assert captured.err.startswith("error: stage convert failed (exit 3)")

@@ -43,7 +43,8 @@ def test_serve_check_against_url_writes_report(scripted_server, tmp_path):
     )
     assert report.target.reference_emulator and report.passed
     assert [g.name for g in report.gates] == ["load error rate"]  # reference gates: no tiny-model quality gates
-    assert report.quality.tool_calls.prompts == 3 and report.quality.humaneval.problems == 1
+    assert report.quality.tool_calls.prompts == 4 and report.quality.tool_calls.suite == "agent"
+    assert report.quality.humaneval.problems == 1
     files = {p.name for p in (tmp_path / "rep").iterdir()}
     assert {"serve_check.json", "serve_check.md", "serve_check.png"} <= files
     assert not any(name.endswith(".partial") for name in files)
@@ -57,9 +58,9 @@ def test_serve_check_against_url_writes_report(scripted_server, tmp_path):
 def test_production_gates_fail_and_raise(scripted_server, tmp_path):
     url, engine = scripted_server()
     report = run_serve_check(tmp_path, url=url, report_dir=tmp_path / "rep", load=None, progress=False,
-                             quality=QualityConfig.quick(agreement=False, humaneval=False, gates=Gates.production()))
+                             quality=QualityConfig.quick(agreement=False, humaneval_limit=1, gates=Gates.production()))
     assert not report.passed
-    assert engine.last_template_kwargs == {"thinking": False}  # quality prompts ask for direct answers
+    assert engine.last_template_kwargs == {"thinking": False}  # HumanEval asks for a direct answer
     with pytest.raises(GateFailure, match="tool-call trigger rate"):
         raise_on_failure(report)
     assert "**FAIL**" in (tmp_path / "rep" / "serve_check.md").read_text()
@@ -95,3 +96,10 @@ def test_help_texts():
     for cmd in (serve_check_command, serve_reference_command):
         res = CliRunner().invoke(cmd, ["--help"])
         assert res.exit_code == 0 and "CHECKPOINT" in res.output
+
+
+def test_bad_compare_profile_fails_before_any_work(scripted_server, tmp_path):
+    url, engine = scripted_server()
+    with pytest.raises(KimiNvfp4Error, match="unknown serving profile 'b200-tp3'"):
+        run_serve_check(tmp_path, url=url, report_dir=tmp_path / "r", compare="b200-tp3", progress=False)
+    assert engine.prefix_cache.stats.lookups == 0

@@ -5,19 +5,20 @@ from __future__ import annotations
 import json
 import weakref
 
+import pytest
+
 from kimi_nvfp4.checkpoint.reader import CheckpointReader
 from kimi_nvfp4.cli import main
 from kimi_nvfp4.model import weights as model_weights
 from kimi_nvfp4.validate import DEFAULT_GATES, check_structure, validate_checkpoint
 
 # See test_corruptions.py: an untrained model's top-1 is a coin toss between near-ties.
-SYNTHETIC_OVERRIDES = ["w4a4.top1_min=0.5", "w4a16.top1_min=0.5", "weight_exact_fraction_min=0.05"]
+SYNTHETIC_OVERRIDES = ["w4a4.top1_min=0.5", "w4a16.top1_min=0.5"]
 
 
 def _gates():
     g = DEFAULT_GATES.model_copy(deep=True)
     g.w4a4.top1_min = g.w4a16.top1_min = 0.5
-    g.weight_exact_fraction_min = 0.05
     return g
 
 
@@ -100,3 +101,18 @@ def test_help():
     for command in ("validate", "calibrate"):
         result = CliRunner().invoke(cli, [command, "--help"])
         assert result.exit_code == 0 and "--source" in result.output and "--data" in result.output
+
+
+@pytest.mark.slow
+def test_demo_model_passes_the_default_gates(tmp_path):
+    """The shipped defaults were measured on the demo model: a correct pipeline run must pass them."""
+    from kimi_nvfp4.calibrate import calibrate_checkpoint
+    from kimi_nvfp4.convert.api import convert_checkpoint
+    from kimi_nvfp4.demo_model import DEMO_CHECKPOINT
+
+    out = tmp_path / "demo_nvfp4"
+    convert_checkpoint(DEMO_CHECKPOINT, out, device="cpu", progress=False)
+    calibrate_checkpoint(out, DEMO_CHECKPOINT, "sample", samples=8, seq_len=128, device="cpu", progress=False)
+    report = validate_checkpoint(out, DEMO_CHECKPOINT, "sample", report_dir=tmp_path / "r", samples=8, seq_len=128,
+                                 device="cpu", progress=False)
+    assert report.passed, [(g.name, g.value, g.threshold) for g in report.gates if not g.passed]

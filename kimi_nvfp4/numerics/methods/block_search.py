@@ -8,9 +8,12 @@ instead of 16 elements) and is exact: `err_k` is computed with the very fp32 ope
 `quantize_nvfp4` and `dequantize_nvfp4` perform (`k*s` is exact; `d = float(b) * weight_scale_2`;
 code = e2m1(k*s / d); error = (k*s - e2m1 * d)^2).
 
+Layout: blocks are flattened to `B` and put LAST (`[C, 8, B]`), so every broadcast is over a leading
+dimension and every elementwise op runs over contiguous memory (vectorised on CPU, coalesced on GPU).
+
 Determinism across CPU and CUDA: only elementwise IEEE fp32 operations (no fused multiply-add:
-each product is its own tensor op), sums in a fixed pairwise order, and `argmin` over candidates sorted
-by increasing scale (`torch.argmin` returns the first minimum, so ties go to the smaller scale).
+each product is its own tensor op), integer histograms, sums in a fixed pairwise order, and a scan
+over candidates that breaks ties toward the smaller scale.
 """
 
 from __future__ import annotations
@@ -19,59 +22,131 @@ import torch
 
 from ..constants import INT4_GROUP_SIZE, INT4_MIN, NVFP4_BLOCK_SIZE
 from ..e2m1 import round_e2m1_magnitude
-from ..e4m3 import e4m3_bits_to_fp32
+from ..e4m3 import E4M3_MAX_BITS, E4M3_MIN_POSITIVE_BITS, e4m3_bits_to_fp32
 
-__all__ = ["MAGNITUDES", "block_codes_and_scales", "magnitude_histogram", "candidate_errors", "select_best"]
+__all__ = [
+    "MAGNITUDES",
+    "flat_blocks",
+    "block_max_code",
+    "magnitude_histogram",
+    "candidate_errors",
+    "select_best",
+    "pairwise_sum_dim1",
+    "ErrorTable",
+]
 
 # |q| for q in [-8, 7]; magnitude 0 never contributes error.
 MAGNITUDES = tuple(range(1, -INT4_MIN + 1))  # 1..8
 _BLOCKS_PER_GROUP = INT4_GROUP_SIZE // NVFP4_BLOCK_SIZE
+# Distinct group scales per step when building an ErrorTable: bounds its temporaries to 126*8*4096 fp32.
+_TABLE_SCALES_PER_STEP = 4096
 
 
-def pairwise_sum_last(x: torch.Tensor) -> torch.Tensor:
-    """Sum over the last dimension (a power of two) in a fixed pairwise order, identical on every device."""
-    while x.shape[-1] > 1:
-        if x.shape[-1] % 2:
-            raise ValueError("pairwise_sum_last needs a power-of-two length")
-        x = x[..., 0::2] + x[..., 1::2]
-    return x[..., 0]
+def flat_blocks(codes: torch.Tensor, group_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 codes `[R, in]`, fp32 group scales `[R, in/32]` -> codes `[B, 16]`, block scale `[B]` (B = R*in/16)."""
+    block_codes = codes.reshape(-1, NVFP4_BLOCK_SIZE)
+    block_scale = group_scale.repeat_interleave(_BLOCKS_PER_GROUP, dim=1).reshape(-1)
+    return block_codes, block_scale
 
 
-def block_codes_and_scales(codes: torch.Tensor, group_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """int8 codes `[R, in]`, fp32 group scales `[R, in/32]` -> codes `[R, nb, 16]`, per-block scale `[R, nb]`."""
-    rows, in_features = codes.shape
-    blocks = codes.reshape(rows, in_features // NVFP4_BLOCK_SIZE, NVFP4_BLOCK_SIZE)
-    block_scale = group_scale.repeat_interleave(_BLOCKS_PER_GROUP, dim=1)
-    return blocks, block_scale
+def block_max_code(block_codes: torch.Tensor) -> torch.Tensor:
+    """Largest |code| per block, int16 `[B]`."""
+    return block_codes.to(torch.int16).abs().amax(dim=-1)
 
 
 def magnitude_histogram(block_codes: torch.Tensor) -> torch.Tensor:
-    """int8 `[R, nb, 16]` -> float32 counts `[R, nb, 8]` of |q| = 1..8 (exact small integers).
+    """int8 `[B, 16]` -> float32 counts `[8, B]` of |q| = 1..8 (exact small integers).
 
     One integer scatter-add (order-independent, so identical on every device) instead of 8 passes.
     """
     magnitude = block_codes.to(torch.int64).abs()
-    counts = torch.zeros((*block_codes.shape[:-1], len(MAGNITUDES) + 1), dtype=torch.int32, device=block_codes.device)
+    counts = torch.zeros((block_codes.shape[0], len(MAGNITUDES) + 1), dtype=torch.int32, device=block_codes.device)
     counts.scatter_add_(-1, magnitude, torch.ones_like(magnitude, dtype=torch.int32))
-    return counts[..., 1:].to(torch.float32)
+    return counts[:, 1:].t().contiguous().to(torch.float32)
+
+
+def pairwise_sum_dim1(x: torch.Tensor) -> torch.Tensor:
+    """Sum over dim 1 (a power of two long) in a fixed pairwise order, identical on every device."""
+    while x.shape[1] > 1:
+        if x.shape[1] % 2:
+            raise ValueError("pairwise_sum_dim1 needs a power-of-two length")
+        x = x[:, 0::2] + x[:, 1::2]
+    return x[:, 0]
 
 
 def candidate_errors(
-    histogram: torch.Tensor, group_scale: torch.Tensor, candidate_bits: torch.Tensor, weight_scale_2: torch.Tensor
+    histogram: torch.Tensor, block_scale: torch.Tensor, candidate_bits: torch.Tensor, weight_scale_2: torch.Tensor
 ) -> torch.Tensor:
-    """Squared error `[R, nb, C]` of each block under each candidate E4M3 scale (uint8 bits `[R, nb, C]`)."""
-    magnitudes = torch.tensor(MAGNITUDES, dtype=torch.float32, device=histogram.device)
-    values = magnitudes * group_scale.abs().unsqueeze(-1)  # [R, nb, 8], exact
-    divisor = e4m3_bits_to_fp32(candidate_bits) * weight_scale_2  # [R, nb, C]
-    scaled = values.unsqueeze(-2) / divisor.unsqueeze(-1)  # [R, nb, C, 8]
-    dequantized = round_e2m1_magnitude(scaled) * divisor.unsqueeze(-1)
-    error = values.unsqueeze(-2) - dequantized
-    squared = error * error
-    weighted = squared * histogram.unsqueeze(-2)
-    return pairwise_sum_last(weighted)
+    """Squared error `[C, B]` of each block under each candidate E4M3 scale (uint8 bit patterns `[C, B]`).
+
+    `histogram` is `[8, B]` (from `magnitude_histogram`), `block_scale` the group scale of each block `[B]`.
+    """
+    return pairwise_sum_dim1(_squared_errors(block_scale, candidate_bits, weight_scale_2) * histogram.unsqueeze(0))
 
 
-def select_best(errors: torch.Tensor, candidate_bits: torch.Tensor) -> torch.Tensor:
-    """uint8 bits `[R, nb]` of the candidate with the smallest error; ties -> first (smallest scale)."""
-    best = torch.argmin(errors, dim=-1, keepdim=True)
-    return torch.gather(candidate_bits, -1, best).squeeze(-1)
+def _squared_errors(block_scale: torch.Tensor, candidate_bits: torch.Tensor, weight_scale_2: torch.Tensor) -> torch.Tensor:
+    """`(k*s - e2m1(k*s/d) * d)**2` for k = 1..8, `[C, 8, B]`, with d = float(bits) * weight_scale_2."""
+    magnitudes = torch.tensor(MAGNITUDES, dtype=torch.float32, device=block_scale.device)
+    values = magnitudes.unsqueeze(-1) * block_scale.abs().unsqueeze(0)  # [8, B], exact
+    divisor = (e4m3_bits_to_fp32(candidate_bits) * weight_scale_2).unsqueeze(1)  # [C, 1, B]
+    dequantized = round_e2m1_magnitude(values.unsqueeze(0) / divisor) * divisor  # [C, 8, B]
+    error = values.unsqueeze(0) - dequantized
+    return error * error
+
+
+def select_best(errors: torch.Tensor, candidate_bits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(uint8 bits `[B]`, error `[B]`) of the candidate with the smallest error; ties -> the smaller scale.
+
+    A scan over the candidates with an explicit tie rule (positive E4M3 bit patterns order like their
+    values), so candidates need not be sorted and the result does not depend on any reduction order.
+    """
+    best_error = errors[0]
+    best_bits = candidate_bits[0]
+    for c in range(1, errors.shape[0]):
+        error, bits = errors[c], candidate_bits[c]
+        better = (error < best_error) | ((error == best_error) & (bits < best_bits))
+        best_error = torch.where(better, error, best_error)
+        best_bits = torch.where(better, bits, best_bits)
+    return best_bits, best_error
+
+
+class ErrorTable:
+    """`err_k(s, b)` for every distinct group scale `s` of a matrix, every E4M3 scale `b` and k = 1..8.
+
+    A block's error only depends on its scale `s`, its histogram and the candidate; a matrix has few
+    distinct bf16 scales (thousands for millions of blocks), so computing `err_k` once per (s, b, k) and
+    gathering it per block replaces the per-block division/rounding/error passes. The entries are the
+    same fp32 values `candidate_errors` computes, so both give bit-identical block errors.
+    """
+
+    def __init__(self, group_scale: torch.Tensor, weight_scale_2: torch.Tensor):
+        self.scales, inverse = torch.unique(group_scale.abs().reshape(-1), sorted=True, return_inverse=True)
+        self.group_index = inverse.reshape(group_scale.shape).to(torch.int32)
+        distinct = self.scales.numel()
+        bits = torch.arange(E4M3_MIN_POSITIVE_BITS, E4M3_MAX_BITS + 1, dtype=torch.uint8, device=group_scale.device)
+        ones = torch.ones(len(MAGNITUDES), distinct, device=group_scale.device)
+        columns = []
+        for start in range(0, distinct, _TABLE_SCALES_PER_STEP):
+            part = self.scales[start : start + _TABLE_SCALES_PER_STEP]
+            candidate = bits.unsqueeze(-1).expand(-1, part.numel())
+            squared = _squared_errors(part, candidate, weight_scale_2)  # [126, 8, U]
+            columns.append(squared * ones[:, : part.numel()])  # same fp32 product as `* histogram` with n=1
+        self.table = torch.cat(columns, dim=-1).contiguous()  # [126, 8, U]
+        self._stride_k = distinct
+        self._stride_bits = len(MAGNITUDES) * distinct
+        self._k_offsets = (torch.arange(len(MAGNITUDES), dtype=torch.int32, device=group_scale.device) * distinct).view(
+            1, -1, 1
+        )
+
+    def block_scale_index(self, row_start: int, row_stop: int) -> torch.Tensor:
+        """Index of each block's group scale in the table, `[B]` for rows [row_start, row_stop)."""
+        rows = self.group_index[row_start:row_stop]
+        return rows.repeat_interleave(_BLOCKS_PER_GROUP, dim=1).reshape(-1)
+
+    def errors(self, histogram: torch.Tensor, scale_index: torch.Tensor, candidate_bits: torch.Tensor) -> torch.Tensor:
+        """Squared error `[C, B]`; bit-identical to `candidate_errors` for the same blocks and candidates."""
+        base = (candidate_bits.to(torch.int32) - E4M3_MIN_POSITIVE_BITS) * self._stride_bits + scale_index
+        index = base.unsqueeze(1) + self._k_offsets  # [C, 8, B]
+        # index_select takes the int32 index as is (plain indexing would first widen it to int64).
+        squared = torch.index_select(self.table.view(-1), 0, index.reshape(-1)).view(index.shape)
+        return pairwise_sum_dim1(squared * histogram.unsqueeze(0))

@@ -1,4 +1,4 @@
-"""Candidate E4M3 block scales, as uint8 bit patterns `[R, nb, C]` sorted ascending along C.
+"""Candidate E4M3 block scales, as uint8 bit patterns `[C, B]` (B = blocks; order irrelevant, see select_best).
 
 All candidates are built from fp32 arithmetic that is identical on CPU and CUDA, then cast to e4m3
 (round to nearest even, clamped to [2**-9, 448]); neighbours are bit patterns +-1.
@@ -11,7 +11,7 @@ import torch
 from ..constants import E2M1_MAX
 from ..e4m3 import E4M3_MAX_BITS, E4M3_MIN_POSITIVE_BITS, E4M3_NUM_POSITIVE, e4m3_bits, round_block_scale_to_e4m3
 
-__all__ = ["all_positive_bits", "int4_aware_bits"]
+__all__ = ["INT4_AWARE_CANDIDATES", "all_positive_bits", "int4_aware_bits"]
 
 # Targets for d = E4M3 scale * weight_scale_2, each tried at its rounded E4M3 value plus the listed
 # neighbour offsets (bit patterns). Measured on synthetic K2.6 experts (docs/numerics.md) these seven
@@ -27,13 +27,14 @@ FOUR_OVER_SIX_TARGET = (4.0, (-1, 0, 1))
 INT4_ALIGNED_OFFSETS = (-1, 0)
 # |code| >= 7 needs 2 * s_group (7 -> 3.5 -> 4, 8 -> 4); below that, s_group dominates.
 INT4_ALIGNED_WIDE_FROM = 7
+INT4_AWARE_CANDIDATES = len(AMAX_TARGET[1]) + len(FOUR_OVER_SIX_TARGET[1]) + len(INT4_ALIGNED_OFFSETS)
 
 
-def all_positive_bits(rows: int, blocks: int, device: torch.device) -> torch.Tensor:
-    """All 126 positive E4M3 scales for every block (the exhaustive sweep)."""
+def all_positive_bits(blocks: int, device: torch.device) -> torch.Tensor:
+    """All 126 positive E4M3 scales for every block (the exhaustive sweep), `[126, B]`."""
     bits = torch.arange(E4M3_MIN_POSITIVE_BITS, E4M3_MAX_BITS + 1, dtype=torch.uint8, device=device)
     assert bits.numel() == E4M3_NUM_POSITIVE
-    return bits.expand(rows, blocks, E4M3_NUM_POSITIVE)
+    return bits.unsqueeze(-1).expand(E4M3_NUM_POSITIVE, blocks)
 
 
 def _rounded_bits(target_scale: torch.Tensor) -> torch.Tensor:
@@ -43,10 +44,10 @@ def _rounded_bits(target_scale: torch.Tensor) -> torch.Tensor:
 def int4_aware_bits(
     block_max_code: torch.Tensor, group_scale: torch.Tensor, weight_scale_2: torch.Tensor
 ) -> torch.Tensor:
-    """Candidates `[R, nb, 7]` from each block's largest |code| `[R, nb]` and group scale `[R, nb]`.
+    """Candidates `[7, B]` from each block's largest |code| `[B]` and group scale `[B]`.
 
-    Duplicates are kept (they keep the shape fixed); sorting makes `argmin` pick the smallest scale
-    among equal errors. The amax target is computed exactly as Model Optimizer does
+    Duplicates are kept (they keep the shape fixed; `select_best` breaks ties toward the smaller
+    scale whatever the order). The amax target is computed exactly as Model Optimizer does
     (`block_amax / (6 * weight_scale_2)`), so its candidate IS Model Optimizer's block scale.
     """
     scale = group_scale.abs()
@@ -58,5 +59,4 @@ def int4_aware_bits(
     aligned_multiplier = torch.where(block_max_code >= INT4_ALIGNED_WIDE_FROM, 2.0, 1.0)
     centre = _rounded_bits((aligned_multiplier * scale) / weight_scale_2)
     columns.extend(centre + offset for offset in INT4_ALIGNED_OFFSETS)
-    bits = torch.stack(columns, dim=-1).clamp(E4M3_MIN_POSITIVE_BITS, E4M3_MAX_BITS)
-    return torch.sort(bits, dim=-1).values.to(torch.uint8)
+    return torch.stack(columns, dim=0).clamp(E4M3_MIN_POSITIVE_BITS, E4M3_MAX_BITS).to(torch.uint8)

@@ -13,18 +13,24 @@ from collections.abc import Sequence
 import torch
 
 from ..constants import E2M1_MAX, E4M3_MAX, NVFP4_BLOCK_SIZE
-from ..e4m3 import e4m3_bits, e4m3_from_bits, round_block_scale_to_e4m3
+from ..e4m3 import E4M3_NUM_POSITIVE, e4m3_bits, e4m3_from_bits, round_block_scale_to_e4m3
 from ..nvfp4 import ZERO_BLOCK_SCALE, NVFP4Tensor, encode_with_block_scales, quantize_nvfp4, tensor_scale_from_amax
 from ..e2m1 import pack_e2m1
-from .block_search import block_codes_and_scales, candidate_errors, magnitude_histogram, select_best
-from .candidates import all_positive_bits, int4_aware_bits
+from .block_search import ErrorTable, block_max_code, flat_blocks, magnitude_histogram, select_best
+from .candidates import INT4_AWARE_CANDIDATES, all_positive_bits, int4_aware_bits
 from .types import Int4Matrix, ScaleMethod
 
-__all__ = ["DEFAULT_METHOD", "quantize_int4_matrices", "shared_tensor_scale", "search_block_scales"]
+__all__ = [
+    "DEFAULT_METHOD",
+    "amax_block_bits",
+    "quantize_int4_matrices",
+    "search_block_scales",
+    "shared_tensor_scale",
+]
 
 DEFAULT_METHOD = ScaleMethod.INT4_AWARE
 
-# Upper bound on elements of the largest temporary ([rows, blocks, candidates, 8] fp32) per step:
+# Upper bound on elements of the largest temporary ([candidates, 8, blocks] fp32) per step:
 # 2**24 * 4 B = 64 MiB, so a [7168, 2048] matrix never needs 126x its size.
 _WORK_ELEMENTS = 1 << 24
 # Rows per step of the plain amax path (a few fp32 temporaries of rows x in).
@@ -51,19 +57,20 @@ def shared_tensor_scale(mats: Sequence[Int4Matrix], method: ScaleMethod | str = 
 
 
 def _candidate_bits(method: ScaleMethod, block_codes, block_scale, weight_scale_2) -> torch.Tensor:
-    rows, blocks = block_scale.shape
     if method is ScaleMethod.SWEEP:
-        return all_positive_bits(rows, blocks, block_scale.device)
-    block_max_code = block_codes.to(torch.int16).abs().amax(dim=-1)
-    return int4_aware_bits(block_max_code, block_scale, weight_scale_2)
+        return all_positive_bits(block_scale.shape[0], block_scale.device)
+    return int4_aware_bits(block_max_code(block_codes), block_scale, weight_scale_2)
 
 
-def _amax_bits(block_codes: torch.Tensor, block_scale: torch.Tensor, weight_scale_2: torch.Tensor) -> torch.Tensor:
-    """Model Optimizer's block scale (amax/6 rule) as one candidate `[R, nb, 1]`, from codes and group scale."""
-    block_amax = block_codes.to(torch.int16).abs().amax(dim=-1).to(torch.float32) * block_scale.abs()
+def amax_block_bits(block_codes: torch.Tensor, block_scale: torch.Tensor, weight_scale_2: torch.Tensor) -> torch.Tensor:
+    """Model Optimizer's block scale (amax/6 rule) as one candidate `[1, B]`, from codes and group scale.
+
+    Same fp32 operations as `NVFP4QTensor.get_weights_scaling_factor`: block_amax / (6 * weight_scale_2).
+    """
+    block_amax = block_max_code(block_codes).to(torch.float32) * block_scale.abs()
     scale = block_amax / (E2M1_MAX * weight_scale_2)
     scale = torch.where(scale == 0, torch.full_like(scale, ZERO_BLOCK_SCALE), scale)
-    return e4m3_bits(round_block_scale_to_e4m3(scale)).unsqueeze(-1)
+    return e4m3_bits(round_block_scale_to_e4m3(scale)).unsqueeze(0)
 
 
 def search_block_scales(
@@ -78,30 +85,31 @@ def search_block_scales(
     Model Optimizer's amax rule under that tensor scale (0.0 otherwise), so callers can fall back.
     """
     out_features, in_features = m.shape
-    blocks = in_features // NVFP4_BLOCK_SIZE
-    probe = _candidate_bits(method, *block_codes_and_scales(m.codes[:1], m.group_scale[:1]), weight_scale_2)
-    per_row = max(1, blocks * probe.shape[-1] * _MAGNITUDE_CLASSES)
-    row_chunk = max(1, _WORK_ELEMENTS // per_row)
-    chosen = torch.empty((out_features, blocks), dtype=torch.uint8, device=m.device)
+    blocks_per_row = in_features // NVFP4_BLOCK_SIZE
+    candidates = E4M3_NUM_POSITIVE if method is ScaleMethod.SWEEP else INT4_AWARE_CANDIDATES
+    row_chunk = max(1, _WORK_ELEMENTS // max(1, blocks_per_row * candidates * _MAGNITUDE_CLASSES))
+    chosen = torch.empty((out_features * blocks_per_row,), dtype=torch.uint8, device=m.device)
     one = torch.tensor(ZERO_BLOCK_SCALE, dtype=torch.float8_e4m3fn, device=m.device).view(torch.uint8)
     chosen_error = 0.0
     baseline_error = 0.0
+    table = ErrorTable(m.group_scale, weight_scale_2)
+    baseline_table = ErrorTable(m.group_scale, baseline_scale_2) if baseline_scale_2 is not None else None
     for start in range(0, out_features, row_chunk):
         stop = min(out_features, start + row_chunk)
-        block_codes, block_scale = block_codes_and_scales(m.codes[start:stop], m.group_scale[start:stop])
+        block_codes, block_scale = flat_blocks(m.codes[start:stop], m.group_scale[start:stop])
+        scale_index = table.block_scale_index(start, stop)
         bits = _candidate_bits(method, block_codes, block_scale, weight_scale_2)
         histogram = magnitude_histogram(block_codes)
-        errors = candidate_errors(histogram, block_scale, bits, weight_scale_2)
-        best = select_best(errors, bits)
-        chosen_error += float(errors.amin(dim=-1).double().sum())
-        if baseline_scale_2 is not None:
-            baseline_bits = _amax_bits(block_codes, block_scale, baseline_scale_2)
-            baseline = candidate_errors(histogram, block_scale, baseline_bits, baseline_scale_2)
-            baseline_error += float(baseline.double().sum())
+        errors = table.errors(histogram, scale_index, bits)
+        best, best_error = select_best(errors, bits)
+        chosen_error += float(best_error.double().sum())
+        if baseline_table is not None:
+            baseline_bits = amax_block_bits(block_codes, block_scale, baseline_scale_2)
+            baseline_error += float(baseline_table.errors(histogram, scale_index, baseline_bits).double().sum())
         # An all-zero block is exact under any scale; keep Model Optimizer's 1.0 for it.
-        zero = (histogram.sum(dim=-1) == 0) | (block_scale == 0)
-        chosen[start:stop] = torch.where(zero, one, best)
-    return e4m3_from_bits(chosen), chosen_error, baseline_error
+        zero = (histogram.sum(dim=0) == 0) | (block_scale == 0)
+        chosen[start * blocks_per_row : stop * blocks_per_row] = torch.where(zero, one, best)
+    return e4m3_from_bits(chosen.reshape(out_features, blocks_per_row)), chosen_error, baseline_error
 
 
 def _encode_rows(m: Int4Matrix, block_scale: torch.Tensor, weight_scale_2: torch.Tensor) -> torch.Tensor:
