@@ -124,14 +124,12 @@ class ErrorTable:
         self.group_index = inverse.reshape(group_scale.shape).to(torch.int32)
         distinct = self.scales.numel()
         bits = torch.arange(E4M3_MIN_POSITIVE_BITS, E4M3_MAX_BITS + 1, dtype=torch.uint8, device=group_scale.device)
-        ones = torch.ones(len(MAGNITUDES), distinct, device=group_scale.device)
         columns = []
         for start in range(0, distinct, _TABLE_SCALES_PER_STEP):
             part = self.scales[start : start + _TABLE_SCALES_PER_STEP]
             candidate = bits.unsqueeze(-1).expand(-1, part.numel())
-            squared = _squared_errors(part, candidate, weight_scale_2)  # [126, 8, U]
-            columns.append(squared * ones[:, : part.numel()])  # same fp32 product as `* histogram` with n=1
-        self.table = torch.cat(columns, dim=-1).contiguous()  # [126, 8, U]
+            columns.append(_squared_errors(part, candidate, weight_scale_2))  # [126, 8, U]
+        self.table = torch.cat(columns, dim=-1).contiguous()
         self._stride_k = distinct
         self._stride_bits = len(MAGNITUDES) * distinct
         self._k_offsets = (torch.arange(len(MAGNITUDES), dtype=torch.int32, device=group_scale.device) * distinct).view(
