@@ -57,8 +57,9 @@ def sequences(reader: CheckpointReader, out: Path, samples: int, seq_len: int, d
     if data:
         from kimi_nvfp4.calibrate.samples import DataPart, load_sample_set
 
-        return load_sample_set(out, data, part=DataPart.CALIBRATION, samples=samples, seq_len=seq_len,
-                               seed=seed).sequences
+        return load_sample_set(
+            out, data, part=DataPart.CALIBRATION, samples=samples, seq_len=seq_len, seed=seed
+        ).sequences
     g = torch.Generator().manual_seed(seed)
     vocab = reader.layout.text.vocab_size
     return [torch.randint(0, vocab, (seq_len,), generator=g) for _ in range(samples)]
@@ -81,35 +82,69 @@ def compare_policies(args, dev: torch.device) -> dict:
         shutil.rmtree(out, ignore_errors=True)
         shutil.copytree(base, out)
         t = time.perf_counter()
-        cal = calibrate_checkpoint(out, DEMO_CHECKPOINT, data, samples=args.samples, seq_len=args.seq_len,
-                                   seed=args.seed, min_expert_tokens=args.min_expert_tokens, policy=policy,
-                                   device=dev, progress=False)
+        cal = calibrate_checkpoint(
+            out,
+            DEMO_CHECKPOINT,
+            data,
+            samples=args.samples,
+            seq_len=args.seq_len,
+            seed=args.seed,
+            min_expert_tokens=args.min_expert_tokens,
+            policy=policy,
+            device=dev,
+            progress=False,
+        )
         cal_seconds = time.perf_counter() - t
         moe = [l for l in cal.layers if l.experts is not None]
         for reduction in ("layer_max", "per_expert"):
-            v = validate_checkpoint(out, DEMO_CHECKPOINT, data, report_dir=out / f"validate_{reduction}",
-                                    modes=("w4a4",), samples=args.validate_samples, seq_len=args.seq_len,
-                                    device=dev, input_scale_reduction=reduction, progress=False,
-                                    record_in_manifest=False)
+            v = validate_checkpoint(
+                out,
+                DEMO_CHECKPOINT,
+                data,
+                report_dir=out / f"validate_{reduction}",
+                modes=("w4a4",),
+                samples=args.validate_samples,
+                seq_len=args.seq_len,
+                device=dev,
+                input_scale_reduction=reduction,
+                progress=False,
+                record_in_manifest=False,
+            )
             e = v.end_to_end[0]
-            rows.append({
-                "policy": policy.value, "reduction": reduction, "calibration_tokens": cal.tokens,
-                "calibration_seconds": cal_seconds,
-                "experts_below_min": sum(l.experts_below_min_tokens for l in moe),
-                "experts_total": sum(len(l.experts.tokens) for l in moe),
-                "kl_mean": e.kl_mean, "kl_p99": e.kl_p99, "top1": e.top1, "ppl_ratio": e.ppl_ratio,
-                "drift_max": max(l.drift.get("w4a4", 0.0) for l in v.layers), "heldout_tokens": v.tokens,
-            })
+            rows.append(
+                {
+                    "policy": policy.value,
+                    "reduction": reduction,
+                    "calibration_tokens": cal.tokens,
+                    "calibration_seconds": cal_seconds,
+                    "experts_below_min": sum(l.experts_below_min_tokens for l in moe),
+                    "experts_total": sum(len(l.experts.tokens) for l in moe),
+                    "kl_mean": e.kl_mean,
+                    "kl_p99": e.kl_p99,
+                    "top1": e.top1,
+                    "ppl_ratio": e.ppl_ratio,
+                    "drift_max": max(l.drift.get("w4a4", 0.0) for l in v.layers),
+                    "heldout_tokens": v.tokens,
+                }
+            )
             print(json.dumps(rows[-1]))
-    return {"model": "demo (kimi_nvfp4/assets/tiny_k2)", "data": data, "samples": args.samples,
-            "seq_len": args.seq_len, "min_expert_tokens": args.min_expert_tokens, "rows": rows}
+    return {
+        "model": "demo (kimi_nvfp4/assets/tiny_k2)",
+        "data": data,
+        "samples": args.samples,
+        "seq_len": args.seq_len,
+        "min_expert_tokens": args.min_expert_tokens,
+        "rows": rows,
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="auto")
     ap.add_argument("--work-dir", type=Path, default=Path("/tmp/kimi_nvfp4_bench"))
-    ap.add_argument("--preset", default="k2.6", help="synthetic preset (k2.6 = real K2.6 dimensions; tiny for a smoke run)")
+    ap.add_argument(
+        "--preset", default="k2.6", help="synthetic preset (k2.6 = real K2.6 dimensions; tiny for a smoke run)"
+    )
     ap.add_argument("--layers", type=int, default=2, help="decoder layers to build (layer 0 dense, rest MoE)")
     ap.add_argument("--samples", type=int, default=512)
     ap.add_argument("--seq-len", type=int, default=2048)
@@ -137,8 +172,15 @@ def main() -> None:
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     t = time.perf_counter()
-    run = run_calibration(reader, seqs, policy=ExpertPolicy(args.policy), min_expert_tokens=args.min_expert_tokens,
-                          device=dev, max_chunk_tokens=args.max_chunk_tokens, states_device=args.states_device)
+    run = run_calibration(
+        reader,
+        seqs,
+        policy=ExpertPolicy(args.policy),
+        min_expert_tokens=args.min_expert_tokens,
+        device=dev,
+        max_chunk_tokens=args.max_chunk_tokens,
+        states_device=args.states_device,
+    )
     total = time.perf_counter() - t
     dense = [s for i, s in enumerate(run.layer_seconds) if not cfg.is_moe_layer(i)]
     moe = [s for i, s in enumerate(run.layer_seconds) if cfg.is_moe_layer(i)]
@@ -147,10 +189,17 @@ def main() -> None:
     projected = K26_DENSE_LAYERS * per_dense + (K26_LAYERS - K26_DENSE_LAYERS) * per_moe
     result = {
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu",
-        "preset": args.preset, "hidden_size": cfg.hidden_size, "experts": cfg.n_routed_experts,
-        "samples": len(seqs), "seq_len": args.seq_len, "tokens": tokens, "policy": args.policy,
+        "preset": args.preset,
+        "hidden_size": cfg.hidden_size,
+        "experts": cfg.n_routed_experts,
+        "samples": len(seqs),
+        "seq_len": args.seq_len,
+        "tokens": tokens,
+        "policy": args.policy,
         "max_chunk_tokens": args.max_chunk_tokens,
-        "layer_seconds": run.layer_seconds, "dense_layer_seconds": per_dense, "moe_layer_seconds": per_moe,
+        "layer_seconds": run.layer_seconds,
+        "dense_layer_seconds": per_dense,
+        "moe_layer_seconds": per_moe,
         "moe_layer_tokens_per_second": tokens / per_moe if per_moe else None,
         "total_seconds": total,
         "projected_k26_61_layers_seconds": projected,

@@ -48,7 +48,7 @@ def child_main(args: argparse.Namespace) -> None:
     """Run one measured task and print one JSON line."""
     result: dict = {"task": args.child}
     if args.child == "baseline":
-        import torch  # noqa: F401
+        import torch
 
         import kimi_nvfp4.convert  # noqa: F401
     elif args.child == "ours":

@@ -8,9 +8,11 @@ roughly Gaussian with +-7/-8 at each group's maximum, as in a round-to-nearest I
 Reports per method: relative MSE against the exact INT4 values (sum sq. error / sum sq.), ratio to
 `amax`, fraction of values reproduced exactly, the worst tensor, and conversion speed (params/s).
 Also Model Optimizer itself on the BF16-dequantized weights: NVFP4QTensor default, and its
-NVFP4_W4A4_WEIGHT_MSE_FP8_SWEEP_CFG calibration when it runs on this device.
+NVFP4_FOUR_OVER_SIX_CFG and NVFP4_W4A4_WEIGHT_MSE_FP8_SWEEP_CFG calibrations when they run on this
+device (they need Triton, so CUDA only).
 
     python bench/bench_scale_methods.py --device cpu --experts 1 --rows 256
+    python bench/bench_scale_methods.py --checkpoint demo --experts 1000
     python bench/bench_scale_methods.py --device cuda --experts 8 --json out.json
 """
 
@@ -24,8 +26,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kimi_nvfp4.numerics.methods import Int4Matrix, MatrixErrorStats, ScaleMethod, error_stats, quantize_int4_matrices
-from kimi_nvfp4.numerics.nvfp4 import NVFP4Tensor, dequantize_nvfp4
+from kimi_nvfp4.numerics.methods import (
+    Int4Matrix,
+    MatrixErrorStats,
+    ScaleMethod,
+    error_stats,
+    quantize_int4_matrices,
+)
+from kimi_nvfp4.numerics.nvfp4 import NVFP4Tensor
 
 HIDDEN = 7168
 MOE_INTERMEDIATE = 2048
@@ -41,19 +49,49 @@ def synthetic_int4(rows: int, cols: int, gen: torch.Generator, device: str) -> I
     return Int4Matrix(codes, scale).to(device)
 
 
-def synthetic_experts(n: int, rows: int | None, seed: int, device: str) -> list[dict[str, Int4Matrix]]:
+def synthetic_experts(n: int, rows: int | None, seed: int, device: str) -> list[tuple[str, dict[str, Int4Matrix]]]:
     gen = torch.Generator().manual_seed(seed)
     experts = []
-    for _ in range(n):
+    for e in range(n):
         up_rows = min(rows or MOE_INTERMEDIATE, MOE_INTERMEDIATE)
         down_rows = min(rows or HIDDEN, HIDDEN)
         experts.append(
-            {
-                "gate_proj": synthetic_int4(up_rows, HIDDEN, gen, device),
-                "up_proj": synthetic_int4(up_rows, HIDDEN, gen, device),
-                "down_proj": synthetic_int4(down_rows, MOE_INTERMEDIATE, gen, device),
-            }
+            (
+                f"experts.{e}",
+                {
+                    "gate_proj": synthetic_int4(up_rows, HIDDEN, gen, device),
+                    "up_proj": synthetic_int4(up_rows, HIDDEN, gen, device),
+                    "down_proj": synthetic_int4(down_rows, MOE_INTERMEDIATE, gen, device),
+                },
+            )
         )
+    return experts
+
+
+def checkpoint_experts(path: str, limit: int | None, device: str) -> list[tuple[str, dict[str, Int4Matrix]]]:
+    """Routed INT4 experts of a real checkpoint (`demo` = the bundled tiny K2), in name order."""
+    from kimi_nvfp4.checkpoint.layout import parse_expert_name
+    from kimi_nvfp4.checkpoint.reader import CheckpointReader
+
+    if path == "demo":
+        from kimi_nvfp4.demo_model import DEMO_CHECKPOINT
+
+        path = str(DEMO_CHECKPOINT)
+    reader = CheckpointReader(path)
+    modules: dict[tuple[int, int], dict[str, str]] = {}
+    for name in reader.tensors:
+        parsed = parse_expert_name(name)
+        if parsed is not None and parsed.suffix == "weight_packed":
+            modules.setdefault((parsed.layer, parsed.expert), {})[parsed.proj] = parsed.module
+    experts = []
+    for (layer, expert), projs in sorted(modules.items())[:limit]:
+        mats = {}
+        for proj, module in projs.items():
+            shape = reader.load(f"{module}.weight_shape").tolist()
+            mats[proj] = Int4Matrix.from_packed(
+                reader.load(f"{module}.weight_packed"), reader.load(f"{module}.weight_scale"), int(shape[1])
+            ).to(device)
+        experts.append((f"layers.{layer}.experts.{expert}", mats))
     return experts
 
 
@@ -86,17 +124,22 @@ def _sync(device: str) -> None:
 
 def run_method(experts, method: ScaleMethod, device: str) -> Row:
     row = Row(method.value)
-    for e, mats in enumerate(experts):
-        groups = [("gate_proj", "up_proj"), ("down_proj",)]
-        for names in groups:
+    for label, mats in experts:
+        for names in _groups(mats):
             _sync(device)
             start = time.perf_counter()
             out = quantize_int4_matrices([mats[n] for n in names], method)
             _sync(device)
             row.seconds += time.perf_counter() - start
             for n, q in zip(names, out):
-                row.stats.append((f"experts.{e}.{n}", error_stats(mats[n], q)))
+                row.stats.append((f"{label}.{n}", error_stats(mats[n], q)))
     return row
+
+
+def _groups(mats: dict[str, Int4Matrix]) -> list[tuple[str, ...]]:
+    """gate and up share weight_scale_2 (SGLang keeps w1's for w13); down alone."""
+    shared = tuple(n for n in ("gate_proj", "up_proj") if n in mats)
+    return [g for g in (shared, ("down_proj",) if "down_proj" in mats else ()) if g]
 
 
 def _as_nvfp4(packed, scale, scale_2) -> NVFP4Tensor:
@@ -108,8 +151,8 @@ def run_modelopt_default(experts, device: str) -> Row:
     from modelopt.torch.quantization.qtensor.nvfp4_tensor import NVFP4QTensor
 
     row = Row("modelopt NVFP4QTensor (bf16)")
-    for e, mats in enumerate(experts):
-        for names in (("gate_proj", "up_proj"), ("down_proj",)):
+    for label, mats in experts:
+        for names in _groups(mats):
             bf16 = {n: mats[n].values().to(torch.bfloat16) for n in names}
             _sync(device)
             start = time.perf_counter()
@@ -118,20 +161,27 @@ def run_modelopt_default(experts, device: str) -> Row:
             _sync(device)
             row.seconds += time.perf_counter() - start
             for n in names:
-                row.stats.append((f"experts.{e}.{n}", error_stats(mats[n], _as_nvfp4(*results[n]))))
+                row.stats.append((f"{label}.{n}", error_stats(mats[n], _as_nvfp4(*results[n]))))
     return row
 
 
-def run_modelopt_sweep(experts, device: str) -> Row:
-    """Model Optimizer's NVFP4_W4A4_WEIGHT_MSE_FP8_SWEEP_CFG weight calibration on a BF16 nn.Linear."""
+MODELOPT_CONFIGS = {
+    "modelopt-four-over-six": "NVFP4_FOUR_OVER_SIX_CFG",
+    "modelopt-sweep": "NVFP4_W4A4_WEIGHT_MSE_FP8_SWEEP_CFG",
+}
+
+
+def run_modelopt_config(experts, device: str, key: str) -> Row:
+    """A Model Optimizer PTQ config's weight quantization of a BF16 nn.Linear, exported as NVFP4QTensor does."""
     import modelopt.torch.quantization as mtq
     from modelopt.torch.quantization.qtensor.nvfp4_tensor import NVFP4QTensor
 
-    cfg = getattr(mtq, "NVFP4_W4A4_WEIGHT_MSE_FP8_SWEEP_CFG", None)
+    cfg_name = MODELOPT_CONFIGS[key]
+    cfg = getattr(mtq, cfg_name, None)
     if cfg is None:
-        raise RuntimeError("this nvidia-modelopt has no NVFP4_W4A4_WEIGHT_MSE_FP8_SWEEP_CFG")
-    row = Row("modelopt MSE FP8 sweep (bf16)")
-    for e, mats in enumerate(experts):
+        raise RuntimeError(f"this nvidia-modelopt has no {cfg_name}")
+    row = Row(f"modelopt {cfg_name} (bf16)")
+    for label, mats in experts:
         for n, m in mats.items():
             layer = torch.nn.Linear(m.shape[1], m.shape[0], bias=False, dtype=torch.bfloat16, device=device)
             with torch.no_grad():
@@ -140,7 +190,7 @@ def run_modelopt_sweep(experts, device: str) -> Row:
             x = torch.randn(4, m.shape[1], dtype=torch.bfloat16, device=device)
             _sync(device)
             start = time.perf_counter()
-            mtq.quantize(model, cfg, forward_loop=lambda mod: mod(x))
+            mtq.quantize(model, cfg, forward_loop=lambda mod, x=x: mod(x))
             quantizer = model[0].weight_quantizer
             scale, scale_2 = NVFP4QTensor.get_weights_scaling_factor_from_quantizer(quantizer, model[0].weight)
             packed, scale, scale_2 = NVFP4QTensor.quantize(
@@ -148,9 +198,20 @@ def run_modelopt_sweep(experts, device: str) -> Row:
             )
             _sync(device)
             row.seconds += time.perf_counter() - start
-            row.stats.append((f"experts.{e}.{n}", error_stats(m, _as_nvfp4(packed, scale, scale_2))))
+            row.stats.append((f"{label}.{n}", error_stats(m, _as_nvfp4(packed, scale, scale_2))))
     row.note = "per matrix (no shared gate/up scale)"
     return row
+
+
+def warm_up(device: str) -> None:
+    """First CUDA calls pay for context and kernel loading; keep that out of the timings."""
+    if device != "cuda":
+        return
+    gen = torch.Generator().manual_seed(1)
+    small = synthetic_int4(64, 256, gen, device)
+    for method in ScaleMethod:
+        quantize_int4_matrices([small], method)
+    _sync(device)
 
 
 def format_table(rows: list[dict]) -> str:
@@ -167,35 +228,45 @@ def format_table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--experts", type=int, default=1, help="synthetic experts (3 matrices each)")
+    parser.add_argument("--experts", type=int, default=1, help="experts to convert (3 matrices each)")
+    parser.add_argument(
+        "--checkpoint", default=None, help="INT4 checkpoint to read experts from ('demo' = bundled tiny K2) instead of synthetic"
+    )
     parser.add_argument("--rows", type=int, default=None, help="keep only the first ROWS output rows (faster)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--skip", nargs="*", default=[], help="methods to skip: amax int4-aware sweep modelopt modelopt-sweep")
+    parser.add_argument("--skip", nargs="*", default=[], help="methods to skip: amax int4-aware sweep modelopt modelopt-four-over-six modelopt-sweep")
     parser.add_argument("--json", default=None, help="also write the results as JSON here")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda but no CUDA device", file=sys.stderr)
         return 5
-    experts = synthetic_experts(args.experts, args.rows, args.seed, args.device)
+    if args.checkpoint:
+        experts = checkpoint_experts(args.checkpoint, args.experts, args.device)
+    else:
+        experts = synthetic_experts(args.experts, args.rows, args.seed, args.device)
+    warm_up(args.device)
     rows: list[Row] = []
     for method in ScaleMethod:
         if method.value not in args.skip:
             rows.append(run_method(experts, method, args.device))
     if "modelopt" not in args.skip:
         rows.append(run_modelopt_default(experts, args.device))
-    if "modelopt-sweep" not in args.skip:
+    for key in MODELOPT_CONFIGS:
+        if key in args.skip:
+            continue
         try:
-            rows.append(run_modelopt_sweep(experts, args.device))
-        except Exception as exc:  # report why the reference could not run instead of failing the bench
-            print(f"modelopt MSE sweep not measured: {type(exc).__name__}: {exc}", file=sys.stderr)
+            rows.append(run_modelopt_config(experts, args.device, key))
+        except (RuntimeError, ImportError, NotImplementedError, AssertionError) as exc:  # e.g. no Triton on CPU
+            print(f"{key} not measured: {type(exc).__name__}: {exc}", file=sys.stderr)
     amax_rel = next((MatrixErrorStats.pooled([s for _, s in r.stats]).rel_mse for r in rows if r.method == "amax"), None)
     summaries = [r.summary(amax_rel) for r in rows]
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-    print(f"device {device_name}, {args.experts} expert(s), rows {args.rows or 'full'}, torch {torch.__version__}")
+    source = args.checkpoint or f"synthetic K2.6 (rows {args.rows or 'full'})"
+    print(f"device {device_name}, {len(experts)} expert(s) of {source}, torch {torch.__version__}")
     print(format_table(summaries))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": device_name, "experts": args.experts, "rows": args.rows, "results": summaries}, f, indent=2)
+            json.dump({"device": device_name, "source": source, "experts": len(experts), "results": summaries}, f, indent=2)
     return 0
 
 

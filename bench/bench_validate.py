@@ -80,25 +80,47 @@ def main() -> None:
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     t = time.perf_counter()
-    result = compare_streams(src_reader, reader, seqs, modes=modes, reduction=InputScaleReduction.LAYER_MAX,
-                             device=dev, flag_rel_mse=DEFAULT_GATES.weight_rel_mse_max,
-                             max_chunk_tokens=args.max_chunk_tokens, states_device=args.states_device)
+    result = compare_streams(
+        src_reader,
+        reader,
+        seqs,
+        modes=modes,
+        reduction=InputScaleReduction.LAYER_MAX,
+        device=dev,
+        flag_rel_mse=DEFAULT_GATES.weight_rel_mse_max,
+        max_chunk_tokens=args.max_chunk_tokens,
+        states_device=args.states_device,
+    )
     total = time.perf_counter() - t
     moe = [s for i, s in enumerate(result.layer_seconds) if cfg.is_moe_layer(i)]
     dense = [s for i, s in enumerate(result.layer_seconds) if not cfg.is_moe_layer(i)]
     per_moe = sum(moe) / len(moe) if moe else 0.0
     per_dense = sum(dense) / len(dense) if dense else 0.0
-    projected = (K26_DENSE_LAYERS * per_dense + (K26_LAYERS - K26_DENSE_LAYERS) * per_moe + result.logits_seconds
-                 + structure_seconds * K26_CHECKPOINT_BYTES / checkpoint_bytes)
+    projected = (
+        K26_DENSE_LAYERS * per_dense
+        + (K26_LAYERS - K26_DENSE_LAYERS) * per_moe
+        + result.logits_seconds
+        + structure_seconds * K26_CHECKPOINT_BYTES / checkpoint_bytes
+    )
     report = {
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-        "preset": args.preset, "layers": cfg.num_hidden_layers, "samples": len(seqs), "seq_len": args.seq_len,
-        "tokens": tokens, "modes": [m.value for m in modes], "max_chunk_tokens": args.max_chunk_tokens,
-        "structure_seconds": structure_seconds, "structure_passed": structure.passed,
+        "preset": args.preset,
+        "layers": cfg.num_hidden_layers,
+        "samples": len(seqs),
+        "seq_len": args.seq_len,
+        "tokens": tokens,
+        "modes": [m.value for m in modes],
+        "max_chunk_tokens": args.max_chunk_tokens,
+        "structure_seconds": structure_seconds,
+        "structure_passed": structure.passed,
         "checkpoint_bytes": checkpoint_bytes,
-        "layer_seconds": result.layer_seconds, "dense_layer_seconds": per_dense, "moe_layer_seconds": per_moe,
-        "logits_seconds": result.logits_seconds, "total_seconds": total,
-        "projected_k26_61_layers_seconds": projected, "projected_k26_61_layers_minutes": projected / 60,
+        "layer_seconds": result.layer_seconds,
+        "dense_layer_seconds": per_dense,
+        "moe_layer_seconds": per_moe,
+        "logits_seconds": result.logits_seconds,
+        "total_seconds": total,
+        "projected_k26_61_layers_seconds": projected,
+        "projected_k26_61_layers_minutes": projected / 60,
         "end_to_end": [e.model_dump(exclude={"kl_histogram_edges", "kl_histogram_counts"}) for e in result.end_to_end],
         "peak_gpu_memory_gib": torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None,
     }

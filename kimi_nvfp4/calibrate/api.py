@@ -30,6 +30,7 @@ from .policy import (
     DEFAULT_EXPERT_POLICY,
     DEFAULT_MIN_EXPERT_TOKENS,
     EXPERT_INPUT_GROUPS,
+    ExpertAmax,
     ExpertPolicy,
     choose_expert_amax,
     input_scale_from_amax,
@@ -84,7 +85,7 @@ def _layer_scales(
     n_experts = reader.layout.text.n_routed_experts if reader.layout.text.is_moe_layer(layer) else 0
     scales: dict[str, torch.Tensor] = {}
     tokens = collector.tokens_per_expert(n_experts)
-    experts = None
+    by: dict[tuple[int, str], ExpertAmax] = {}
     entry = LayerCalibration(
         layer=layer,
         is_moe=n_experts > 0,
@@ -123,7 +124,9 @@ def _layer_scales(
     return scales, entry
 
 
-def _save_activation_stats(directory: Path, reader: CheckpointReader, layer: int, collector: ActivationCollector) -> None:
+def _save_activation_stats(
+    directory: Path, reader: CheckpointReader, layer: int, collector: ActivationCollector
+) -> None:
     """Per quantized linear: input amax, per-channel mean square, token count (for later methods)."""
     prefix = reader.layout.layer_prefix(layer)
     wanted = set(quantized_modules(reader, layer))
@@ -177,7 +180,9 @@ def run_calibration(
         has_quantized = bool(quantized_modules(reader, layer))
         collector.route_all = has_quantized and policy is ExpertPolicy.ROUTE_ALL and cfg.is_moe_layer(layer)
         observed = observe.apply_layer(layer, states, observer=collector)
-        layer_scales, entry = _layer_scales(reader, layer, collector, policy=policy, min_expert_tokens=min_expert_tokens)
+        layer_scales, entry = _layer_scales(
+            reader, layer, collector, policy=policy, min_expert_tokens=min_expert_tokens
+        )
         run.layers.append(entry)
         if stats_dir is not None:
             _save_activation_stats(stats_dir, reader, layer, collector)
@@ -209,6 +214,7 @@ def calibrate_checkpoint(
     states_device: str | torch.device | None = None,
     report_dir: str | Path | None = None,
     save_activation_stats: bool = True,
+    generated_sessions: int | None = None,
 ) -> CalibrationReport:
     """Compute and install `input_scale` for every NVFP4 linear of the converted checkpoint `output`.
 
@@ -225,32 +231,70 @@ def calibrate_checkpoint(
     require_matching_source(CheckpointReader(source), out_reader)
     require_no_misplaced_input_scales(out_reader)
     dev = resolve_device(device)
-    sample_set = load_sample_set(output, data, part=DataPart.CALIBRATION, samples=samples, seq_len=seq_len, seed=seed)
+    sample_set = load_sample_set(
+        output,
+        data,
+        part=DataPart.CALIBRATION,
+        samples=samples,
+        seq_len=seq_len,
+        seed=seed,
+        generated_sessions=generated_sessions,
+    )
     calib_dir = Path(report_dir) if report_dir is not None else output / CALIBRATION_DIR
     run = run_calibration(
-        out_reader, sample_set.sequences, policy=policy, min_expert_tokens=min_expert_tokens, device=dev,
-        max_chunk_tokens=max_chunk_tokens, states_device=states_device,
-        stats_dir=calib_dir / ACTIVATION_STATS_DIR if save_activation_stats else None, progress=progress,
+        out_reader,
+        sample_set.sequences,
+        policy=policy,
+        min_expert_tokens=min_expert_tokens,
+        device=dev,
+        max_chunk_tokens=max_chunk_tokens,
+        states_device=states_device,
+        stats_dir=calib_dir / ACTIVATION_STATS_DIR if save_activation_stats else None,
+        progress=progress,
     )
     settings = CalibrationSettings(
-        data=data, samples=samples, seq_len=seq_len, seed=seed, min_expert_tokens=min_expert_tokens,
-        policy=policy.value, heldout_fraction=HELDOUT_FRACTION,
+        data=data,
+        samples=samples,
+        seq_len=seq_len,
+        seed=seed,
+        min_expert_tokens=min_expert_tokens,
+        policy=policy.value,
+        heldout_fraction=HELDOUT_FRACTION,
     )
     written = install_input_scales(
-        output, run.scales, stage_settings=settings.model_dump(),
-        stage_outputs={"report": str(calib_dir.relative_to(output)) if calib_dir.is_relative_to(output) else str(calib_dir)},
+        output,
+        run.scales,
+        stage_settings=settings.model_dump(),
+        stage_outputs={
+            "report": str(calib_dir.relative_to(output)) if calib_dir.is_relative_to(output) else str(calib_dir)
+        },
     )
     report = CalibrationReport(
-        checkpoint=str(output), source=str(source), settings=settings, device=str(dev),
-        sequences=len(sample_set.sequences), tokens=sample_set.tokens, conversations=sample_set.conversations,
-        records_skipped=sample_set.skipped, skip_reasons=sample_set.skip_reasons, input_scales=len(run.scales),
-        shard=written.file, shard_sha256=written.sha256, seconds=time.perf_counter() - started, layers=run.layers,
+        checkpoint=str(output),
+        source=str(source),
+        settings=settings,
+        device=str(dev),
+        sequences=len(sample_set.sequences),
+        tokens=sample_set.tokens,
+        conversations=sample_set.conversations,
+        records_skipped=sample_set.skipped,
+        skip_reasons=sample_set.skip_reasons,
+        input_scales=len(run.scales),
+        shard=written.file,
+        shard_sha256=written.sha256,
+        seconds=time.perf_counter() - started,
+        layers=run.layers,
     )
     write_calibration_report(report, calib_dir)
     return report
 
 
 __all__ = [
-    "CALIBRATE_STAGE", "DEFAULT_SAMPLES", "DEFAULT_SEQ_LEN", "CalibrationRun", "calibrate_checkpoint",
-    "quantized_modules", "run_calibration",
+    "CALIBRATE_STAGE",
+    "DEFAULT_SAMPLES",
+    "DEFAULT_SEQ_LEN",
+    "CalibrationRun",
+    "calibrate_checkpoint",
+    "quantized_modules",
+    "run_calibration",
 ]

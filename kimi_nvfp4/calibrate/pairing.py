@@ -105,9 +105,7 @@ def require_matching_source(source: CheckpointReader, output: CheckpointReader) 
             file=source.root / "config.json",
         )
     src_plain = {n for n in source.weight_map if parse_expert_name(n) is None}
-    out_plain = {
-        n for n in output.weight_map if parse_expert_name(n) is None
-    }
+    out_plain = {n for n in output.weight_map if parse_expert_name(n) is None}
     missing = sorted(src_plain - out_plain)
     if missing:
         raise CheckpointError(

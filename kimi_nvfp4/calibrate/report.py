@@ -96,7 +96,7 @@ class CalibrationReport(BaseModel):
                 b = 0 if t == 0 else min(_COVERAGE_MAX_LOG2 + 1, 1 + int(math.log2(t)))
                 counts[b] += 1
         last = max((i for i, c in enumerate(counts) if c), default=0)
-        labels = ["0"] + [f"{2 ** (b - 1)}-{2 ** b - 1}" if b > 1 else "1" for b in range(1, last + 1)]
+        labels = ["0"] + [f"{2 ** (b - 1)}-{2**b - 1}" if b > 1 else "1" for b in range(1, last + 1)]
         return labels[: last + 1], counts[: last + 1]
 
 
@@ -125,19 +125,47 @@ def render_markdown(report: CalibrationReport) -> str:
         dense = max((r.amax for r in layer.linears), default=0.0)
         if layer.experts is not None:
             gu, dn = layer.experts.gate_up_amax, layer.experts.down_amax
-            rows.append([layer.layer, "moe", dense, min(gu), layer.gate_up_amax_max or 0.0, min(dn),
-                         layer.down_amax_max or 0.0, layer.experts_below_min_tokens, layer.experts_without_tokens])
+            rows.append(
+                [
+                    layer.layer,
+                    "moe",
+                    dense,
+                    min(gu),
+                    layer.gate_up_amax_max or 0.0,
+                    min(dn),
+                    layer.down_amax_max or 0.0,
+                    layer.experts_below_min_tokens,
+                    layer.experts_without_tokens,
+                ]
+            )
         else:
             rows.append([layer.layer, "dense", dense, "", "", "", "", "", ""])
-    lines.append(markdown_table(
-        ["layer", "kind", "BF16 linears max", "gate/up min", "gate/up max", "down min", "down max",
-         "experts < min tokens", "experts with 0 tokens"],
-        rows,
-    ))
+    lines.append(
+        markdown_table(
+            [
+                "layer",
+                "kind",
+                "BF16 linears max",
+                "gate/up min",
+                "gate/up max",
+                "down min",
+                "down max",
+                "experts < min tokens",
+                "experts with 0 tokens",
+            ],
+            rows,
+        )
+    )
     labels, counts = report.coverage_histogram()
-    lines += ["", "## Expert coverage (experts per routed-token bucket, all MoE layers)", "",
-              markdown_table(["tokens", "experts"], list(zip(labels, counts))), "",
-              f"![expert coverage]({COVERAGE_PNG})  ![activation ranges]({RANGES_PNG})", ""]
+    lines += [
+        "",
+        "## Expert coverage (experts per routed-token bucket, all MoE layers)",
+        "",
+        markdown_table(["tokens", "experts"], list(zip(labels, counts))),
+        "",
+        f"![expert coverage]({COVERAGE_PNG})  ![activation ranges]({RANGES_PNG})",
+        "",
+    ]
     if report.skip_reasons:
         lines += ["## Skipped records (first few)", ""] + [f"- {r}" for r in report.skip_reasons[:10]] + [""]
     return "\n".join(lines)
@@ -160,12 +188,27 @@ def _ranges_figure(report: CalibrationReport):
     moe = [l for l in report.layers if l.experts is not None]
     xs = [l.layer for l in moe]
     if moe:
-        ax.fill_between(xs, [min(l.experts.gate_up_amax) for l in moe], [l.gate_up_amax_max for l in moe],
-                        alpha=0.3, label="expert gate/up input (min..max)")
-        ax.fill_between(xs, [min(l.experts.down_amax) for l in moe], [l.down_amax_max for l in moe],
-                        alpha=0.3, label="expert down input (min..max)")
-    ax.plot([l.layer for l in report.layers], [max((r.amax for r in l.linears), default=0) for l in report.layers],
-            "k.-", lw=0.8, label="BF16 linears (max)")
+        ax.fill_between(
+            xs,
+            [min(l.experts.gate_up_amax) for l in moe],
+            [l.gate_up_amax_max for l in moe],
+            alpha=0.3,
+            label="expert gate/up input (min..max)",
+        )
+        ax.fill_between(
+            xs,
+            [min(l.experts.down_amax) for l in moe],
+            [l.down_amax_max for l in moe],
+            alpha=0.3,
+            label="expert down input (min..max)",
+        )
+    ax.plot(
+        [l.layer for l in report.layers],
+        [max((r.amax for r in l.linears), default=0) for l in report.layers],
+        "k.-",
+        lw=0.8,
+        label="BF16 linears (max)",
+    )
     ax.set_yscale("log")
     ax.set_xlabel("layer")
     ax.set_ylabel("input amax")
@@ -179,5 +222,12 @@ def write_calibration_report(report: CalibrationReport, directory: Path) -> dict
     save_text(directory / REPORT_MD, render_markdown(report))
     save_figure(directory / COVERAGE_PNG, _coverage_figure(report))
     save_figure(directory / RANGES_PNG, _ranges_figure(report))
-    return {k: str(directory / v) for k, v in
-            (("json", REPORT_JSON), ("markdown", REPORT_MD), ("coverage_png", COVERAGE_PNG), ("ranges_png", RANGES_PNG))}
+    return {
+        k: str(directory / v)
+        for k, v in (
+            ("json", REPORT_JSON),
+            ("markdown", REPORT_MD),
+            ("coverage_png", COVERAGE_PNG),
+            ("ranges_png", RANGES_PNG),
+        )
+    }

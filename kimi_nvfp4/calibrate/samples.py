@@ -58,8 +58,13 @@ def load_sample_set(
     seq_len: int,
     seed: int,
     heldout_fraction: float = HELDOUT_FRACTION,
+    generated_sessions: int | None = None,
 ) -> SampleSet:
-    """Load, split, render and pick `samples` sequences of `part` (raises DataError if none)."""
+    """Load, split, render and pick `samples` sequences of `part` (raises DataError if none).
+
+    Generated sources (`builtin`, `tree:`) make `generated_sessions` sessions; by default enough for
+    `samples` one-window sessions in this part (generation runs real tools: ~0.3 s per session).
+    """
     from ..data.loaders import load_data_spec
     from ..data.render import render_sessions, split_heldout
     from ..data.tokenizer import load_tokenizer
@@ -72,7 +77,7 @@ def load_sample_set(
     if not 0.0 < heldout_fraction < 1.0:
         raise DataError(f"held-out fraction must lie in (0, 1), got {heldout_fraction}")
     part_fraction = heldout_fraction if part is DataPart.HELDOUT else 1.0 - heldout_fraction
-    n_sessions = math.ceil(samples * _GENERATED_SESSIONS_PER_SAMPLE / part_fraction)
+    n_sessions = generated_sessions or math.ceil(samples * _GENERATED_SESSIONS_PER_SAMPLE / part_fraction)
     results = load_data_spec(data, n_sessions=n_sessions, seed=seed)
     seen: set[str] = set()
     conversations = []

@@ -30,9 +30,7 @@ DEPENDENT_STAGES = ("validate", "serve_check", "publish")
 
 def misplaced_input_scales(reader: CheckpointReader) -> list[str]:
     """`input_scale` tensors that live in a shard other than the calibration shard."""
-    return sorted(
-        n for n, f in reader.weight_map.items() if n.endswith(INPUT_SCALE_SUFFIX) and f != INPUT_SCALES_SHARD
-    )
+    return sorted(n for n, f in reader.weight_map.items() if n.endswith(INPUT_SCALE_SUFFIX) and f != INPUT_SCALES_SHARD)
 
 
 def require_no_misplaced_input_scales(reader: CheckpointReader) -> None:

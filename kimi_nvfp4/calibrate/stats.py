@@ -114,7 +114,9 @@ class ActivationCollector:
             stats = table[key] = ActivationStats(x.shape[-1], device=self.device)
         stats.update(x)
 
-    def on_router(self, layer: int, topk_ids: torch.Tensor, topk_weights: torch.Tensor, n_experts: int | None = None) -> None:
+    def on_router(
+        self, layer: int, topk_ids: torch.Tensor, topk_weights: torch.Tensor, n_experts: int | None = None
+    ) -> None:
         self._check_layer(layer)
         ids = topk_ids.reshape(-1).to(device=self.device, dtype=torch.int64)
         size = max(int(n_experts or 0), int(ids.max()) + 1 if ids.numel() else 0)

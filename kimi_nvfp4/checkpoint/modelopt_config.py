@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Iterable
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 

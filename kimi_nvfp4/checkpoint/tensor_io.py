@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Self
 
 import torch
 
@@ -76,7 +76,7 @@ class ShardFile:
     def close(self) -> None:
         self._f.close()
 
-    def __enter__(self) -> "ShardFile":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -101,7 +101,7 @@ class ShardFiles:
             shard.close()
         self._open.clear()
 
-    def __enter__(self) -> "ShardFiles":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:

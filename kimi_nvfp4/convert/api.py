@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 import threading
 import time
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -74,8 +74,10 @@ class ConversionSummary:
             f"converted {self.matrices_converted} expert matrices to NVFP4, passed {self.tensors_passed_through} tensors through",
             f"shards: {self.shards_converted} written, {self.shards_skipped} already finished, {self.shards_total} total",
             f"bytes: {self.bytes_in / _GB:.3f} GB in ({self.int4_bytes_in / _GB:.3f} GB INT4), {self.bytes_out / _GB:.3f} GB out",
-            f"time: {self.seconds:.2f} s on {self.device} x{self.workers}: {self.gb_per_s:.3f} GB/s in, "
-            f"{self.int4_gb_per_s:.3f} GB/s INT4",
+            (
+                f"time: {self.seconds:.2f} s on {self.device} x{self.workers}: {self.gb_per_s:.3f} GB/s in, "
+                f"{self.int4_gb_per_s:.3f} GB/s INT4"
+            ),
             f"output: {self.output}",
         ]
 
@@ -144,12 +146,15 @@ def convert_checkpoint(
     )
     state = prepare_output(output, fresh, overwrite=overwrite)
     manifest = state.manifest
-    save_manifest(output, manifest)
-
     todo = [job for job in plan.jobs if job.file not in state.finished]
     start = time.perf_counter()
-    results = _run_jobs(todo, plan, output, manifest, method=method, device=dev, workers=workers, progress=progress)
-    _finish(plan, output, manifest, kv_cache_quant_algo)
+    results: list[ShardResult] = []
+    # A finished conversion is left untouched: calibrate may since have added input scales to its index.
+    if todo or not state.was_complete:
+        manifest.complete = False
+        save_manifest(output, manifest)
+        results = _run_jobs(todo, plan, output, manifest, method=method, device=dev, workers=workers, progress=progress)
+        _finish(plan, output, manifest, kv_cache_quant_algo)
     seconds = time.perf_counter() - start
     return ConversionSummary(
         output=str(output),
@@ -223,14 +228,13 @@ def _run_jobs(
         else:
             with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="convert") as pool:
                 futures = [pool.submit(one, job) for job in jobs]
-                done, _pending = wait(futures, return_when=FIRST_EXCEPTION)
-                for f in futures:
-                    if f in done and f.exception() is not None:
-                        for other in futures:
-                            other.cancel()
-                        raise f.exception()
-                for f in futures:
-                    f.result()
+                try:
+                    for future in as_completed(futures):
+                        future.result()
+                except BaseException:
+                    for future in futures:
+                        future.cancel()  # running jobs finish (and are recorded); queued ones never start
+                    raise
     finally:
         overall.close()
     return [results[j.file] for j in jobs if j.file in results]

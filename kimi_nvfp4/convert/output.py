@@ -25,6 +25,7 @@ class OutputState:
     manifest: ConversionManifest
     finished: set[str]  # shard files already converted with these settings
     resumed: bool
+    was_complete: bool = False  # a finished conversion: later stages may have added files and index entries
 
 
 def _clear_folder(folder: Path) -> None:
@@ -67,6 +68,6 @@ def prepare_output(output: Path, fresh: ConversionManifest, *, overwrite: bool) 
     finished = {
         f for f, rec in previous.shards.items() if (output / f).is_file() and (output / f).stat().st_size == rec.bytes
     }
+    was_complete = previous.complete and finished == set(previous.shards)
     previous.shards = {f: r for f, r in previous.shards.items() if f in finished}
-    previous.complete = False
-    return OutputState(previous, finished, resumed=True)
+    return OutputState(previous, finished, resumed=True, was_complete=was_complete)

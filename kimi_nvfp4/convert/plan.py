@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint.modelopt_config import bf16_linear_modules
 from ..checkpoint.layout import PROJS, CheckpointLayout, parse_expert_name
+from ..checkpoint.modelopt_config import bf16_linear_modules
 from ..checkpoint.reader import CheckpointReader, TensorInfo
 from ..checkpoint.source_checks import (
     COMPRESSED_SUFFIXES,
@@ -253,7 +253,7 @@ def plan_conversion(source_root: str | Path) -> ConversionPlan:
             for m in group.matrices:
                 if not job.writes(m):
                     continue
-                for name, (dtype, shape) in m.output_specs().items():
+                for name in m.output_specs():
                     if name in reader.tensors and name not in int4_names:
                         raise CheckpointError(
                             "the source already has a tensor named like a converted output", file=reader.tensors[name].file, tensor=name

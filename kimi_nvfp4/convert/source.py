@@ -44,7 +44,7 @@ def resolve_source(source: str | Path, revision: str | None = None) -> ResolvedS
         raise CheckpointError(f"cannot download from the Hub ({e})", file=text) from None
     try:
         local = snapshot_download(text, revision=revision, allow_patterns=HUB_ALLOW_PATTERNS)
-    except Exception as e:  # the hub client raises many types (network, auth, not found)
+    except Exception as e:  # noqa: BLE001 - the hub client raises many types (network, auth, not found)
         raise CheckpointError(f"cannot download from the Hub ({type(e).__name__}: {e})", file=text) from None
     return ResolvedSource(Path(local), repo_id=text, revision=revision)
 

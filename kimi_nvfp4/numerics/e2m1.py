@@ -16,13 +16,13 @@ from .constants import E2M1_MAX
 
 __all__ = [
     "E2M1_MAGNITUDES",
-    "E2M1_VALUES",
     "E2M1_ROUNDING_BOUNDS",
     "E2M1_SIGN_BIT",
-    "encode_e2m1",
+    "E2M1_VALUES",
     "decode_e2m1",
-    "round_e2m1_magnitude",
+    "encode_e2m1",
     "pack_e2m1",
+    "round_e2m1_magnitude",
     "unpack_e2m1",
 ]
 

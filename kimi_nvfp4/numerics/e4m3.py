@@ -12,14 +12,14 @@ import torch
 from .constants import E4M3_MAX, E4M3_MIN_BLOCK_SCALE
 
 __all__ = [
-    "E4M3_MIN_POSITIVE_BITS",
     "E4M3_MAX_BITS",
+    "E4M3_MIN_POSITIVE_BITS",
     "E4M3_NUM_POSITIVE",
+    "e4m3_bits",
+    "e4m3_bits_to_fp32",
+    "e4m3_from_bits",
     "e4m3_positive_values",
     "round_block_scale_to_e4m3",
-    "e4m3_bits",
-    "e4m3_from_bits",
-    "e4m3_bits_to_fp32",
 ]
 
 E4M3_MIN_POSITIVE_BITS = 0x01  # 2**-9, the smallest subnormal (== E4M3_MIN_BLOCK_SCALE)

@@ -9,7 +9,14 @@ from __future__ import annotations
 
 import torch
 
-from .constants import INT4_BITS, INT4_GROUP_SIZE, INT4_MAX, INT4_MIN, INT4_OFFSET, INT4_PER_INT32
+from .constants import (
+    INT4_BITS,
+    INT4_GROUP_SIZE,
+    INT4_MAX,
+    INT4_MIN,
+    INT4_OFFSET,
+    INT4_PER_INT32,
+)
 
 _NIBBLE_MASK = 0xF
 _PAD_NIBBLE = 0

@@ -16,18 +16,23 @@ from dataclasses import dataclass
 
 import torch
 
-from .constants import E2M1_MAX, E4M3_MAX, NVFP4_BLOCK_SIZE, NVFP4_TENSOR_SCALE_DENOMINATOR
+from .constants import (
+    E2M1_MAX,
+    E4M3_MAX,
+    NVFP4_BLOCK_SIZE,
+    NVFP4_TENSOR_SCALE_DENOMINATOR,
+)
 from .e2m1 import decode_e2m1, encode_e2m1, pack_e2m1, unpack_e2m1
 from .e4m3 import round_block_scale_to_e4m3
 
 __all__ = [
     "NVFP4Tensor",
-    "tensor_scale_from_amax",
     "amax_block_scales",
-    "quantize_nvfp4",
-    "encode_with_block_scales",
     "dequantize_nvfp4",
+    "encode_with_block_scales",
     "fake_quantize_activation_nvfp4",
+    "quantize_nvfp4",
+    "tensor_scale_from_amax",
 ]
 
 # Model Optimizer gives an all-zero block the scale 1.0 (`per_block_scale[per_block_scale == 0] = 1.0`).

@@ -97,7 +97,7 @@ def _hub_progress_bars(enabled: bool) -> Iterator[None]:
 
 def _upload(api: Any, folder: str | Path, repo_id: str, files: list[PublishFile], *, private: bool,
             revision: str | None, commit_message: str, num_workers: int | None) -> UploadResult:
-    from huggingface_hub.errors import HfHubHTTPError
+    from huggingface_hub.utils import HfHubHTTPError  # (utils re-exports it in every version we support)
 
     # Exact file names as patterns: what is uploaded is what --dry-run listed (checks.py refuses glob characters).
     allow = [f.path for f in files]

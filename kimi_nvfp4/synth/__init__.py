@@ -3,4 +3,4 @@
 from .checkpoint import create_synthetic_checkpoint, make_tiny_k2, plan_synthetic_checkpoint, shard_file_name
 from .configs import KIMI_VOCAB_SIZE, PRESETS
 
-__all__ = ["create_synthetic_checkpoint", "make_tiny_k2", "plan_synthetic_checkpoint", "shard_file_name", "KIMI_VOCAB_SIZE", "PRESETS"]
+__all__ = ["KIMI_VOCAB_SIZE", "PRESETS", "create_synthetic_checkpoint", "make_tiny_k2", "plan_synthetic_checkpoint", "shard_file_name"]

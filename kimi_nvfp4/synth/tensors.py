@@ -9,9 +9,10 @@ shards). Contents are deterministic per tensor name and seed, independent of sha
 from __future__ import annotations
 
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -203,7 +204,7 @@ def generate_tensors(
     int4_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     for spec in specs:
         if spec.fill in (Fill.INT4_PACKED, Fill.INT4_SCALE, Fill.INT4_SHAPE):
-            module, suffix = spec.name.rsplit(".", 1)
+            module = spec.name.rsplit(".", 1)[0]
             out_f, in_f = spec.matrix_shape
             if spec.fill is Fill.INT4_SHAPE:
                 yield spec.name, torch.tensor([out_f, in_f], dtype=torch.int32)

@@ -15,6 +15,7 @@ import base64
 import json
 import re
 from collections import Counter
+from itertools import pairwise
 from pathlib import Path
 
 from .configs import KIMI_BOS_ID, KIMI_EOS_ID, KIMI_PAD_ID
@@ -79,7 +80,7 @@ def train_bpe_ranks(text: str = BPE_TRAINING_TEXT, merges: int = NUM_BPE_MERGES)
         pairs: Counter[tuple[bytes, bytes]] = Counter()
         for w, count in words.items():
             p = pieces[w]
-            for a, b in zip(p, p[1:]):
+            for a, b in pairwise(p):
                 pairs[(a, b)] += count
         if not pairs:
             break

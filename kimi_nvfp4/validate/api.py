@@ -62,9 +62,13 @@ def evaluate_gates(
     mode_errors: dict[str, str],
     modes: Sequence[ActivationMode],
 ) -> list[GateResult]:
-    gates = [gate_check(f"structure.{c.name}", c.issues + ([f"... {c.issue_count - len(c.issues)} more"]
-                                                          if c.issue_count > len(c.issues) else []))
-             for c in structure.checks]
+    gates = [
+        gate_check(
+            f"structure.{c.name}",
+            c.issues + ([f"... {c.issue_count - len(c.issues)} more"] if c.issue_count > len(c.issues) else []),
+        )
+        for c in structure.checks
+    ]
     if weights is not None:
         if weights.flagged_count:
             more = weights.flagged_count - len(weights.flagged)
@@ -91,16 +95,21 @@ def evaluate_gates(
         experts = [(l.expert_rel_mse_max[m], l.layer, l.worst_expert[m]) for l in layers if m in l.expert_rel_mse_max]
         if experts:
             v, layer, e = max(experts)
-            gates.append(gate_max(f"{m}.expert_output_rel_mse_max", v, t.expert_output_rel_mse_max,
-                                  f"layer {layer} expert {e}"))
+            gates.append(
+                gate_max(f"{m}.expert_output_rel_mse_max", v, t.expert_output_rel_mse_max, f"layer {layer} expert {e}")
+            )
         if m in e2e:
             r = e2e[m]
             gates += [
                 gate_max(f"{m}.kl_mean", r.kl_mean, t.kl_mean_max),
                 gate_max(f"{m}.kl_p99", r.kl_p99, t.kl_p99_max),
                 gate_min(f"{m}.top1", r.top1, t.top1_min),
-                gate_max(f"{m}.ppl_ratio", r.ppl_ratio, t.ppl_ratio_max,
-                         f"ppl INT4 {r.ppl_int4:.4g}, NVFP4 {r.ppl_nvfp4:.4g}"),
+                gate_max(
+                    f"{m}.ppl_ratio",
+                    r.ppl_ratio,
+                    t.ppl_ratio_max,
+                    f"ppl INT4 {r.ppl_int4:.4g}, NVFP4 {r.ppl_nvfp4:.4g}",
+                ),
             ]
     return gates
 
@@ -113,8 +122,11 @@ def _record_stage(output: Path, report: ValidationReport, report_dir: Path) -> N
         settings=report.settings.model_dump(),
         complete=True,
         finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        outputs={"passed": report.passed, "report": str(report_dir),
-                 "failed_gates": [g.name for g in report.failed_gates()]},
+        outputs={
+            "passed": report.passed,
+            "report": str(report_dir),
+            "failed_gates": [g.name for g in report.failed_gates()],
+        },
     )
     save_manifest(output, manifest)
 
@@ -149,8 +161,9 @@ def compare_streams(
     kw = _runner_kwargs(device, max_chunk_tokens, states_device)
     ref_runner = LayerStreamRunner(Int4SourceWeights(src_reader), **kw)
     runners = {
-        mode: LayerStreamRunner(NVFP4Weights(out_reader, activations=mode.value,
-                                             input_scale_reduction=reduction.value), **kw)
+        mode: LayerStreamRunner(
+            NVFP4Weights(out_reader, activations=mode.value, input_scale_reduction=reduction.value), **kw
+        )
         for mode in modes
     }
     ref_states = ref_runner.embed(sequences)
@@ -200,11 +213,21 @@ def compare_streams(
     result.logits_seconds = time.perf_counter() - t0
     for mode, c in comparisons.items():
         edges, counts = c.kl_histogram()
-        result.end_to_end.append(EndToEnd(
-            mode=mode.value, positions=c.positions, kl_mean=c.kl_mean, kl_p99=c.kl_p99, kl_max=c.kl_max, top1=c.top1,
-            ppl_int4=c.ppl_ref, ppl_nvfp4=c.ppl_test, ppl_ratio=c.ppl_ratio, kl_histogram_edges=edges,
-            kl_histogram_counts=counts,
-        ))
+        result.end_to_end.append(
+            EndToEnd(
+                mode=mode.value,
+                positions=c.positions,
+                kl_mean=c.kl_mean,
+                kl_p99=c.kl_p99,
+                kl_max=c.kl_max,
+                top1=c.top1,
+                ppl_int4=c.ppl_ref,
+                ppl_nvfp4=c.ppl_test,
+                ppl_ratio=c.ppl_ratio,
+                kl_histogram_edges=edges,
+                kl_histogram_counts=counts,
+            )
+        )
     result.weights = comparer.summary() if cfg.moe_layers else None
     return result
 
@@ -226,6 +249,7 @@ def validate_checkpoint(
     max_chunk_tokens: int | None = None,
     states_device: str | torch.device | None = None,
     record_in_manifest: bool = True,
+    generated_sessions: int | None = None,
 ) -> ValidationReport:
     """Compare OUTPUT (NVFP4) with SOURCE (INT4) and evaluate every gate; writes the report to `report_dir`.
 
@@ -244,25 +268,56 @@ def validate_checkpoint(
     require_converted(out_reader)
     require_matching_source(src_reader, out_reader)
     dev = resolve_device(device)
-    sample_set = load_sample_set(output, data, part=DataPart.HELDOUT, samples=samples, seq_len=seq_len, seed=seed)
+    sample_set = load_sample_set(
+        output,
+        data,
+        part=DataPart.HELDOUT,
+        samples=samples,
+        seq_len=seq_len,
+        seed=seed,
+        generated_sessions=generated_sessions,
+    )
 
     structure = check_structure(out_reader, src_reader, progress=progress)
     run = compare_streams(
-        src_reader, out_reader, sample_set.sequences, modes=mode_list, reduction=reduction, device=dev,
-        flag_rel_mse=thresholds.weight_rel_mse_max, max_chunk_tokens=max_chunk_tokens, states_device=states_device,
+        src_reader,
+        out_reader,
+        sample_set.sequences,
+        modes=mode_list,
+        reduction=reduction,
+        device=dev,
+        flag_rel_mse=thresholds.weight_rel_mse_max,
+        max_chunk_tokens=max_chunk_tokens,
+        states_device=states_device,
         progress=progress,
     )
-    gate_results = evaluate_gates(thresholds, structure, run.weights, run.layers, run.end_to_end, run.mode_errors,
-                                  mode_list)
+    gate_results = evaluate_gates(
+        thresholds, structure, run.weights, run.layers, run.end_to_end, run.mode_errors, mode_list
+    )
     report = ValidationReport(
-        checkpoint=str(output), source=str(source),
-        settings=ValidationSettings(data=data, samples=samples, seq_len=seq_len, seed=seed,
-                                    modes=[m.value for m in mode_list], input_scale_reduction=reduction.value),
-        thresholds=thresholds, device=str(dev), sequences=len(sample_set.sequences), tokens=sample_set.tokens,
-        conversations=sample_set.conversations, seconds=time.perf_counter() - started, structure=structure,
-        weights=run.weights, layers=run.layers,
+        checkpoint=str(output),
+        source=str(source),
+        settings=ValidationSettings(
+            data=data,
+            samples=samples,
+            seq_len=seq_len,
+            seed=seed,
+            modes=[m.value for m in mode_list],
+            input_scale_reduction=reduction.value,
+        ),
+        thresholds=thresholds,
+        device=str(dev),
+        sequences=len(sample_set.sequences),
+        tokens=sample_set.tokens,
+        conversations=sample_set.conversations,
+        seconds=time.perf_counter() - started,
+        structure=structure,
+        weights=run.weights,
+        layers=run.layers,
         worst_experts=sorted(run.expert_errors, key=lambda x: -x.rel_mse)[: WORST_EXPERTS * len(mode_list)],
-        end_to_end=run.end_to_end, mode_errors=run.mode_errors, gates=gate_results,
+        end_to_end=run.end_to_end,
+        mode_errors=run.mode_errors,
+        gates=gate_results,
         passed=all(g.passed for g in gate_results),
     )
     write_validation_report(report, report_dir)

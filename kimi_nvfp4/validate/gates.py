@@ -171,5 +171,3 @@ def gate_min(name: str, value: float, threshold: float, detail: str = "") -> Gat
 def gate_check(name: str, issues: list[str]) -> GateResult:
     detail = "; ".join(issues[:5]) + (f"; ... {len(issues) - 5} more" if len(issues) > 5 else "")
     return GateResult(name=name, passed=not issues, value=None, threshold=None, comparison="no issues", detail=detail)
-
-

@@ -106,38 +106,79 @@ def render_markdown(r: ValidationReport) -> str:
         "",
     ]
     if not r.passed:
-        lines += ["## Failed gates", ""] + [
-            f"- **{g.name}**: {g.value if g.value is not None else ''} {'' if g.threshold is None else 'vs ' + g.comparison + ' ' + format(g.threshold, '.4g')}"
-            f"{'' if g.margin is None else f' (off by {g.margin:.4g})'} {g.detail}".rstrip()
-            for g in r.failed_gates()
-        ] + [""]
-    lines += ["## Gates", "", markdown_table(["", "gate", "value", "", "threshold", "margin", "detail"],
-                                             [_gate_row(g) for g in r.gates]), ""]
+        lines += (
+            ["## Failed gates", ""]
+            + [
+                f"- **{g.name}**: {g.value if g.value is not None else ''} {'' if g.threshold is None else 'vs ' + g.comparison + ' ' + format(g.threshold, '.4g')}"
+                f"{'' if g.margin is None else f' (off by {g.margin:.4g})'} {g.detail}".rstrip()
+                for g in r.failed_gates()
+            ]
+            + [""]
+        )
+    lines += [
+        "## Gates",
+        "",
+        markdown_table(["", "gate", "value", "", "threshold", "margin", "detail"], [_gate_row(g) for g in r.gates]),
+        "",
+    ]
     for mode, err in r.mode_errors.items():
         lines.append(f"- mode `{mode}` could not run: {err}")
     if r.end_to_end:
-        lines += ["", "## End to end (held-out tokens)", "", markdown_table(
-            ["mode", "positions", "KL mean", "KL p99", "KL max", "top-1", "ppl INT4", "ppl NVFP4", "ratio"],
-            [[e.mode, e.positions, e.kl_mean, e.kl_p99, e.kl_max, e.top1, e.ppl_int4, e.ppl_nvfp4, e.ppl_ratio]
-             for e in r.end_to_end]), "", f"![KL histogram]({KL_PNG})", ""]
+        lines += [
+            "",
+            "## End to end (held-out tokens)",
+            "",
+            markdown_table(
+                ["mode", "positions", "KL mean", "KL p99", "KL max", "top-1", "ppl INT4", "ppl NVFP4", "ratio"],
+                [
+                    [e.mode, e.positions, e.kl_mean, e.kl_p99, e.kl_max, e.top1, e.ppl_int4, e.ppl_nvfp4, e.ppl_ratio]
+                    for e in r.end_to_end
+                ],
+            ),
+            "",
+            f"![KL histogram]({KL_PNG})",
+            "",
+        ]
     if r.weights is not None:
         w = r.weights
-        lines += ["## Weights (NVFP4 values against INT4 values)", "",
-                  f"{w.matrices} matrices: pooled relative MSE {w.rel_mse:.4g}, mean {w.rel_mse_mean:.4g}, "
-                  f"worst {w.rel_mse_max:.4g}; {100 * w.exact_fraction:.2f}% of values exact.", "",
-                  markdown_table(["worst matrices", "rel MSE", "exact", "max abs err"],
-                                 [[m.module, m.rel_mse, m.exact_fraction, m.max_abs_error] for m in w.worst]), ""]
+        lines += [
+            "## Weights (NVFP4 values against INT4 values)",
+            "",
+            f"{w.matrices} matrices: pooled relative MSE {w.rel_mse:.4g}, mean {w.rel_mse_mean:.4g}, "
+            f"worst {w.rel_mse_max:.4g}; {100 * w.exact_fraction:.2f}% of values exact.",
+            "",
+            markdown_table(
+                ["worst matrices", "rel MSE", "exact", "max abs err"],
+                [[m.module, m.rel_mse, m.exact_fraction, m.max_abs_error] for m in w.worst],
+            ),
+            "",
+        ]
     lines += ["## Per layer", "", f"![drift]({DRIFT_PNG})  ![worst experts]({WORST_PNG})", ""]
     modes = s.modes
-    lines.append(markdown_table(
-        ["layer"] + [f"drift {m}" for m in modes] + [f"worst expert {m}" for m in modes],
-        [[l.layer] + [l.drift.get(m, "") for m in modes]
-         + [f"{l.worst_expert[m]}: {l.expert_rel_mse_max[m]:.4g}" if m in l.worst_expert else "" for m in modes]
-         for l in r.layers]))
-    lines += ["", "## Structure (SGLang loading rules)", "",
-              markdown_table(["check", "result", "issues"],
-                             [[c.name, "ok" if c.passed else f"{c.issue_count} issues", "; ".join(c.issues[:3])]
-                              for c in r.structure.checks]), ""]
+    lines.append(
+        markdown_table(
+            ["layer"] + [f"drift {m}" for m in modes] + [f"worst expert {m}" for m in modes],
+            [
+                [l.layer]
+                + [l.drift.get(m, "") for m in modes]
+                + [f"{l.worst_expert[m]}: {l.expert_rel_mse_max[m]:.4g}" if m in l.worst_expert else "" for m in modes]
+                for l in r.layers
+            ],
+        )
+    )
+    lines += [
+        "",
+        "## Structure (SGLang loading rules)",
+        "",
+        markdown_table(
+            ["check", "result", "issues"],
+            [
+                [c.name, "ok" if c.passed else f"{c.issue_count} issues", "; ".join(c.issues[:3])]
+                for c in r.structure.checks
+            ],
+        ),
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -173,8 +214,9 @@ def _worst_figure(r: ValidationReport):
     items = r.worst_experts[:15]
     if items:
         ax.barh(range(len(items)), [x.rel_mse for x in items], color="#4878a8")
-        ax.set_yticks(range(len(items)), [f"L{x.layer} E{x.expert} {x.mode} ({x.tokens} tok)" for x in items],
-                      fontsize=7)
+        ax.set_yticks(
+            range(len(items)), [f"L{x.layer} E{x.expert} {x.mode} ({x.tokens} tok)" for x in items], fontsize=7
+        )
         ax.invert_yaxis()
     ax.set_xlabel("expert output relative MSE on its routed tokens")
     ax.set_title("Worst experts")
@@ -188,6 +230,13 @@ def write_validation_report(r: ValidationReport, directory: Path) -> dict[str, s
     save_figure(directory / DRIFT_PNG, _drift_figure(r))
     save_figure(directory / KL_PNG, _kl_figure(r))
     save_figure(directory / WORST_PNG, _worst_figure(r))
-    return {k: str(directory / v) for k, v in
-            (("json", REPORT_JSON), ("markdown", REPORT_MD), ("drift_png", DRIFT_PNG), ("kl_png", KL_PNG),
-             ("worst_experts_png", WORST_PNG))}
+    return {
+        k: str(directory / v)
+        for k, v in (
+            ("json", REPORT_JSON),
+            ("markdown", REPORT_MD),
+            ("drift_png", DRIFT_PNG),
+            ("kl_png", KL_PNG),
+            ("worst_experts_png", WORST_PNG),
+        )
+    }

@@ -74,8 +74,11 @@ class _Issues:
 def expected_nvfp4_shapes(reader: CheckpointReader) -> dict[str, tuple[int, int]]:
     """Module name -> (out, in) for every routed expert linear the config promises."""
     t = reader.layout.text
-    dims = {"gate_proj": (t.moe_intermediate_size, t.hidden_size), "up_proj": (t.moe_intermediate_size, t.hidden_size),
-            "down_proj": (t.hidden_size, t.moe_intermediate_size)}
+    dims = {
+        "gate_proj": (t.moe_intermediate_size, t.hidden_size),
+        "up_proj": (t.moe_intermediate_size, t.hidden_size),
+        "down_proj": (t.hidden_size, t.moe_intermediate_size),
+    }
     return {
         reader.layout.expert_module(layer, e, proj): dims[proj]
         for layer in t.moe_layers
@@ -135,7 +138,9 @@ def _check_configs(reader: CheckpointReader, issues: _Issues) -> dict:
     if q.get("quant_algo") != NVFP4_QUANT_ALGO:
         issues.add("hf_quant_config", f"quantization.quant_algo is {q.get('quant_algo')!r}, expected 'NVFP4'")
     if q.get("group_size") != NVFP4_BLOCK_SIZE:
-        issues.add("hf_quant_config", f"quantization.group_size is {q.get('group_size')!r}, expected {NVFP4_BLOCK_SIZE}")
+        issues.add(
+            "hf_quant_config", f"quantization.group_size is {q.get('group_size')!r}, expected {NVFP4_BLOCK_SIZE}"
+        )
     if not isinstance(q.get("exclude_modules"), list):
         issues.add("hf_quant_config", "quantization.exclude_modules is missing (SGLang requires it)")
     return hf
@@ -146,11 +151,15 @@ def _check_exclude_list(reader: CheckpointReader, hf: dict, nvfp4: Iterable[str]
     patterns = list((hf.get("quantization") or {}).get("exclude_modules") or [])
     ignore = (reader.config.get("quantization_config") or {}).get("ignore")
     if ignore is not None and sorted(ignore) != sorted(patterns):
-        issues.add("exclude_list", "config.json quantization_config.ignore differs from hf_quant_config exclude_modules")
+        issues.add(
+            "exclude_list", "config.json quantization_config.ignore differs from hf_quant_config exclude_modules"
+        )
     bf16 = bf16_linear_modules(reader)
     for module in bf16:
         if not is_excluded(module, patterns):
-            issues.add("exclude_list", f"BF16 linear {module} is not in exclude_modules (SGLang would expect NVFP4 tensors)")
+            issues.add(
+                "exclude_list", f"BF16 linear {module} is not in exclude_modules (SGLang would expect NVFP4 tensors)"
+            )
     for module in sorted(nvfp4):
         if is_excluded(module, patterns):
             issues.add("exclude_list", f"NVFP4 linear {module} matches an exclude_modules pattern")
@@ -175,8 +184,15 @@ def check_structure(
     issues = _Issues()
     hf = _check_configs(output, issues)
     expected = expected_nvfp4_shapes(output)
-    for c in ("nvfp4_tensors", "gate_up_weight_scale_2_equal", "input_scale", "gate_up_input_scale_equal",
-              "block_scales", "finite", "source_tensors"):
+    for c in (
+        "nvfp4_tensors",
+        "gate_up_weight_scale_2_equal",
+        "input_scale",
+        "gate_up_input_scale_equal",
+        "block_scales",
+        "finite",
+        "source_tensors",
+    ):
         issues.ensure(c)
 
     # Names and shapes, from headers only.
@@ -241,7 +257,9 @@ def check_structure(
                 continue
             a, b = source.info(name), output.info(name)
             if a.dtype != b.dtype or a.shape != b.shape:
-                issues.add("source_tensors", f"{name} is {b.dtype} {list(b.shape)}, the source has {a.dtype} {list(a.shape)}")
+                issues.add(
+                    "source_tensors", f"{name} is {b.dtype} {list(b.shape)}, the source has {a.dtype} {list(a.shape)}"
+                )
 
     checks = [
         StructureCheck(name=k, passed=not v, issues=v[:MAX_ISSUES_PER_CHECK], issue_count=len(v))

@@ -86,12 +86,26 @@ def compare_expert(
         )
         if tuple(q.weight.shape) != (n_out, n_in // 2):
             raise CheckpointError(
-                f"NVFP4 weight is {list(q.weight.shape)}, expected {[n_out, n_in // 2]}", file=output.root,
+                f"NVFP4 weight is {list(q.weight.shape)}, expected {[n_out, n_in // 2]}",
+                file=output.root,
                 tensor=f"{module}.weight",
             )
         s = error_stats(m, q)
-        out.append((MatrixComparison(module=module, layer=layer, expert=expert, proj=proj, rel_mse=s.rel_mse,
-                                     exact_fraction=s.exact_fraction, max_abs_error=s.max_abs_error, numel=s.numel), s))
+        out.append(
+            (
+                MatrixComparison(
+                    module=module,
+                    layer=layer,
+                    expert=expert,
+                    proj=proj,
+                    rel_mse=s.rel_mse,
+                    exact_fraction=s.exact_fraction,
+                    max_abs_error=s.max_abs_error,
+                    numel=s.numel,
+                ),
+                s,
+            )
+        )
     return out
 
 
@@ -134,8 +148,15 @@ class WeightComparer:
                     heapq.heappushpop(self._worst, item)
         if stats:
             pooled = MatrixErrorStats.pooled(stats)
-            self._layers.append(LayerWeightError(layer=layer, matrices=len(stats), rel_mse=pooled.rel_mse,
-                                                 rel_mse_max=rel_max, exact_fraction=pooled.exact_fraction))
+            self._layers.append(
+                LayerWeightError(
+                    layer=layer,
+                    matrices=len(stats),
+                    rel_mse=pooled.rel_mse,
+                    rel_mse_max=rel_max,
+                    exact_fraction=pooled.exact_fraction,
+                )
+            )
             self._all.append(pooled)
             self._rel_max = max(self._rel_max, rel_max)
 

@@ -38,8 +38,17 @@ def session(i: int, turns: int = 1) -> dict:
     for t in range(turns):
         messages += [
             {"role": "user", "content": f"Fix bug {i}.{t} in module_{i}.py please."},
-            {"role": "assistant", "content": "", "tool_calls": [{"id": f"functions.read:{t}", "type": "function",
-                                                                "function": {"name": "read", "arguments": json.dumps({"path": f"m{i}.py"})}}]},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {
+                        "id": f"functions.read:{t}",
+                        "type": "function",
+                        "function": {"name": "read", "arguments": json.dumps({"path": f"m{i}.py"})},
+                    }
+                ],
+            },
             {"role": "tool", "tool_call_id": f"functions.read:{t}", "content": f"def f_{i}():\n    return {i} + {t}\n"},
             {"role": "assistant", "content": f"Done: changed line {t} of module_{i}."},
         ]

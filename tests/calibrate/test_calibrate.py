@@ -74,8 +74,9 @@ def test_layers_after_the_first_see_quantized_inputs(converted_pair):
     _src, out = converted_pair
     reader = CheckpointReader(out)
     seqs = [torch.randint(0, 5000, (24,), generator=torch.Generator().manual_seed(i)) for i in range(3)]
-    run = run_calibration(reader, seqs, policy=ExpertPolicy.PEER_MAX, min_expert_tokens=4,
-                          device=torch.device("cpu"), progress=False)
+    run = run_calibration(
+        reader, seqs, policy=ExpertPolicy.PEER_MAX, min_expert_tokens=4, device=torch.device("cpu"), progress=False
+    )
     moe = [l.layer for l in run.layers if l.experts is not None]
     assert len(moe) >= 2
     second = moe[1]
@@ -109,8 +110,12 @@ def test_policies_differ_only_for_under_covered_experts(converted_pair):
     seqs = [torch.randint(0, 5000, (20,), generator=torch.Generator().manual_seed(i)) for i in range(2)]
     cpu = torch.device("cpu")
     big = 10**9  # every expert is under-covered
-    peer = run_calibration(reader, seqs, policy=ExpertPolicy.PEER_MAX, min_expert_tokens=big, device=cpu, progress=False)
-    full = run_calibration(reader, seqs, policy=ExpertPolicy.ROUTE_ALL, min_expert_tokens=big, device=cpu, progress=False)
+    peer = run_calibration(
+        reader, seqs, policy=ExpertPolicy.PEER_MAX, min_expert_tokens=big, device=cpu, progress=False
+    )
+    full = run_calibration(
+        reader, seqs, policy=ExpertPolicy.ROUTE_ALL, min_expert_tokens=big, device=cpu, progress=False
+    )
     none = run_calibration(reader, seqs, policy=ExpertPolicy.ROUTE_ALL, min_expert_tokens=0, device=cpu, progress=False)
     layer = next(l for l in peer.layers if l.experts is not None).layer
     p, f, n = peer.layers[layer].experts, full.layers[layer].experts, none.layers[layer].experts

@@ -85,8 +85,9 @@ def test_nothing_usable_is_an_error_and_writes_nothing(converted_pair, tmp_path)
 
 def test_long_sessions_are_split_to_seq_len(converted_pair, sessions_jsonl):
     src, out = converted_pair
-    report = calibrate_checkpoint(out, src, f"jsonl:{sessions_jsonl}", samples=64, seq_len=16, device="cpu",
-                                  progress=False)
+    report = calibrate_checkpoint(
+        out, src, f"jsonl:{sessions_jsonl}", samples=64, seq_len=16, device="cpu", progress=False
+    )
     assert report.sequences > report.conversations  # sessions longer than 16 tokens became several windows
     assert report.tokens <= report.sequences * 16
 

@@ -39,8 +39,7 @@ class LiveLayers:
 @pytest.fixture
 def live_layers(monkeypatch) -> LiveLayers:
     counter = LiveLayers()
-    monkeypatch.setattr(model_weights._CheckpointWeights, "layer",
-                        counter.wrap(model_weights._CheckpointWeights.layer))
+    monkeypatch.setattr(model_weights._CheckpointWeights, "layer", counter.wrap(model_weights._CheckpointWeights.layer))
     return counter
 
 
@@ -70,8 +69,7 @@ def test_gpu_peak_memory_is_one_layer_plus_states(converted_pair, cuda_device):
     states_bytes = sum(s.numel() for s in seqs) * cfg.hidden_size * 4
     torch.cuda.reset_peak_memory_stats(cuda_device)
     base = torch.cuda.memory_allocated(cuda_device)
-    run_calibration(reader, seqs, policy=ExpertPolicy.PEER_MAX, min_expert_tokens=4, device=cuda_device,
-                    progress=False)
+    run_calibration(reader, seqs, policy=ExpertPolicy.PEER_MAX, min_expert_tokens=4, device=cuda_device, progress=False)
     peak = torch.cuda.max_memory_allocated(cuda_device) - base
     # layer weights widened to fp32 (x8 for packed nibbles) + two copies of the states + temporaries
     assert peak < 8 * layer_bytes + 4 * states_bytes + 32 * 2**20
@@ -83,8 +81,10 @@ def test_gpu_and_cpu_agree(converted_pair, cuda_device):
     _src, out = converted_pair
     reader = CheckpointReader(out)
     seqs = [torch.randint(0, 5000, (32,), generator=torch.Generator().manual_seed(i)) for i in range(4)]
-    runs = [run_calibration(reader, seqs, policy=ExpertPolicy.PEER_MAX, min_expert_tokens=4, device=d, progress=False)
-            for d in (torch.device("cpu"), cuda_device)]
+    runs = [
+        run_calibration(reader, seqs, policy=ExpertPolicy.PEER_MAX, min_expert_tokens=4, device=d, progress=False)
+        for d in (torch.device("cpu"), cuda_device)
+    ]
     for a, b in zip(*(r.layers for r in runs)):
         if a.experts is not None:
             assert b.gate_up_amax_max == pytest.approx(a.gate_up_amax_max, rel=1e-4)

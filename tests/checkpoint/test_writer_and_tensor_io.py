@@ -49,8 +49,8 @@ def test_shard_loads_with_safetensors_and_hashes_its_bytes(tmp_path):
 
 def test_same_tensors_any_order_same_bytes(tmp_path):
     a, b = ShardWriter(tmp_path / "a.safetensors"), ShardWriter(tmp_path / "b.safetensors")
-    for name in TENSORS:
-        a.add(name, TENSORS[name])
+    for name, tensor in TENSORS.items():
+        a.add(name, tensor)
     for name in reversed(list(TENSORS)):
         b.add(name, TENSORS[name])
     assert a.commit().sha256 == b.commit().sha256

@@ -94,7 +94,7 @@ def test_configs_index_manifest_and_copied_files(converted):
     assert qc["config_groups"]["group_0"]["weights"] == {"dynamic": False, "num_bits": 4, "type": "float", "group_size": 16}
     assert qc["kv_cache_scheme"] == {"dynamic": False, "num_bits": 8, "type": "float"}
     assert "compressed-tensors" not in json.dumps(config)
-    strip = lambda c: {k: v for k, v in c.items() if k not in ("quantization_config", "text_config")}  # noqa: E731
+    strip = lambda c: {k: v for k, v in c.items() if k not in ("quantization_config", "text_config")}
     assert strip(config) == strip(src_config)
     assert strip(config["text_config"]) == strip(src_config["text_config"])
 
@@ -106,7 +106,7 @@ def test_configs_index_manifest_and_copied_files(converted):
     total = 0
     for shard in sorted(set(index["weight_map"].values())):
         with safe_open(str(out / shard), "pt") as f:
-            for name in f.keys():
+            for name in f.keys():  # noqa: SIM118 - safe_open has no __iter__
                 assert index["weight_map"][name] == shard
                 t = f.get_tensor(name)
                 total += t.numel() * t.element_size()
@@ -186,7 +186,7 @@ def _unsplit_copy(source: Path, tmp_path: Path) -> Path:
     copy = tmp_path / "unsplit"
     shutil.copytree(source, copy)
     names = [n for n, f in json.loads((copy / INDEX_NAME).read_text())["weight_map"].items() if f == "model-extra.safetensors"]
-    first = sorted(set(json.loads((copy / INDEX_NAME).read_text())["weight_map"].values()))[0]
+    first = min(set(json.loads((copy / INDEX_NAME).read_text())["weight_map"].values()))
     index = json.loads((copy / INDEX_NAME).read_text())
     tensors = load_file(str(copy / first))
     tensors.update(load_file(str(copy / "model-extra.safetensors")))

@@ -6,10 +6,9 @@ import json
 
 import pytest
 
-import kimi_nvfp4.convert.api as api
-from kimi_nvfp4.checkpoint.manifest import MANIFEST_NAME, load_manifest, save_manifest
+from kimi_nvfp4.checkpoint.manifest import MANIFEST_NAME, StageRecord, load_manifest, save_manifest
 from kimi_nvfp4.checkpoint.reader import INDEX_NAME
-from kimi_nvfp4.convert import convert_checkpoint
+from kimi_nvfp4.convert import api, convert_checkpoint
 from kimi_nvfp4.errors import CheckpointError, OutputError
 from kimi_nvfp4.synth import make_tiny_k2
 
@@ -20,12 +19,21 @@ def _shas(out):
     return {f: r.sha256 for f, r in load_manifest(out).shards.items()}
 
 
-def test_rerun_after_completion_skips_every_shard(source, tmp_path):
+def test_rerun_after_completion_skips_every_shard_and_touches_nothing(source, tmp_path):
     out = tmp_path / "out"
     first = convert_checkpoint(source, out, device="cpu", progress=False)
+    # What a later stage does: add a file and an index entry, record itself in the manifest.
+    index = json.loads((out / INDEX_NAME).read_text())
+    index["weight_map"]["language_model.model.layers.1.mlp.experts.0.gate_proj.input_scale"] = "model-input-scales.safetensors"
+    (out / INDEX_NAME).write_text(json.dumps(index))
+    manifest = load_manifest(out)
+    manifest.stages["calibrate"] = StageRecord(complete=True)
+    save_manifest(out, manifest)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
     again = convert_checkpoint(source, out, device="cpu", progress=False)
     assert (first.shards_converted, again.shards_converted, again.shards_skipped) == (5, 0, 5)
-    assert load_manifest(out).complete
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert load_manifest(out).complete and load_manifest(out).stages["calibrate"].complete
 
 
 def test_interrupted_run_resumes_where_it_stopped(source, tmp_path, monkeypatch):

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kimi_nvfp4.numerics.e2m1 import E2M1_VALUES, decode_e2m1, encode_e2m1, pack_e2m1, unpack_e2m1
+from kimi_nvfp4.numerics.e2m1 import (
+    E2M1_VALUES,
+    decode_e2m1,
+    encode_e2m1,
+    pack_e2m1,
+    unpack_e2m1,
+)
 
 MAGNITUDES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 

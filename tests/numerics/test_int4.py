@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32, unpack_from_int32
+from compressed_tensors.compressors.pack_quantized.helpers import (
+    pack_to_int32,
+    unpack_from_int32,
+)
 
-from kimi_nvfp4.numerics.int4 import dequantize_int4, group_scales_fp32, pack_int4, unpack_int4
+from kimi_nvfp4.numerics.int4 import (
+    dequantize_int4,
+    group_scales_fp32,
+    pack_int4,
+    unpack_int4,
+)
 
 
 @pytest.mark.parametrize("shape", [(3, 32), (5, 40), (1, 8), (7, 9), (2, 1)], ids=str)

@@ -18,9 +18,17 @@ from kimi_nvfp4.numerics.methods import (
     quantize_int4_matrices,
     search_block_scales,
 )
-from kimi_nvfp4.numerics.methods.block_search import candidate_errors, flat_blocks, magnitude_histogram
+from kimi_nvfp4.numerics.methods.block_search import (
+    candidate_errors,
+    flat_blocks,
+    magnitude_histogram,
+)
 from kimi_nvfp4.numerics.methods.quantize import amax_block_bits
-from kimi_nvfp4.numerics.nvfp4 import dequantize_nvfp4, quantize_nvfp4, tensor_scale_from_amax
+from kimi_nvfp4.numerics.nvfp4 import (
+    dequantize_nvfp4,
+    quantize_nvfp4,
+    tensor_scale_from_amax,
+)
 
 from .conftest import realistic_int4
 
@@ -149,7 +157,10 @@ def test_zero_matrix_and_zero_blocks():
 
 def test_error_table_is_bit_identical_to_direct_block_errors():
     from kimi_nvfp4.numerics.methods.block_search import ErrorTable, block_max_code
-    from kimi_nvfp4.numerics.methods.candidates import all_positive_bits, int4_aware_bits
+    from kimi_nvfp4.numerics.methods.candidates import (
+        all_positive_bits,
+        int4_aware_bits,
+    )
 
     m = realistic_int4(16, 256, seed=9, row_spread=2.0)
     t = torch.tensor(2.0**-9)
@@ -159,3 +170,42 @@ def test_error_table_is_bit_identical_to_direct_block_errors():
     index = table.block_scale_index(0, 16)
     for bits in (int4_aware_bits(block_max_code(block_codes), block_scale, t), all_positive_bits(len(block_scale), "cpu")):
         assert torch.equal(table.errors(histogram, index, bits), candidate_errors(histogram, block_scale, bits, t))
+
+
+def test_sweep_matches_a_slow_elementwise_reference():
+    """The fast path (histograms, error table) against quantize/dequantize of every candidate scale."""
+    from kimi_nvfp4.numerics.methods.quantize import shared_tensor_scale
+
+    m = realistic_int4(4, 64, seed=11, row_spread=1.0)
+    t = shared_tensor_scale([m], ScaleMethod.SWEEP)
+    values = m.values()
+    chosen, _, _ = search_block_scales(m, t, ScaleMethod.SWEEP)
+    per_candidate = []
+    for bits in range(1, 127):
+        scale = torch.full((4, 4), bits, dtype=torch.uint8).view(torch.float8_e4m3fn)
+        deq = dequantize_nvfp4(quantize_nvfp4(values, weight_scale_2=t, block_scale=scale))
+        per_candidate.append((deq - values).double().square().reshape(4, 4, 16).sum(-1))
+    errors = torch.stack(per_candidate)  # [126, 4, 4]
+    best = errors.amin(0)
+    got = torch.gather(errors, 0, (chosen.view(torch.uint8).long() - 1).unsqueeze(0)).squeeze(0)
+    assert torch.allclose(got, best, rtol=1e-6, atol=0)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    scale_spread=st.floats(0.0, 6.0),
+    max_code=st.integers(1, 8),
+    zero_rows=st.integers(0, 3),
+)
+def test_never_worse_than_amax_on_random_matrices(seed, scale_spread, max_code, zero_rows):
+    gen = torch.Generator().manual_seed(seed)
+    codes = torch.randint(-min(max_code, 8), min(max_code, 7) + 1, (6, 64), generator=gen, dtype=torch.int8)
+    codes[:zero_rows] = 0
+    scale = torch.exp(torch.randn(6, 2, generator=gen) * scale_spread - 3).to(torch.bfloat16).float()
+    m = Int4Matrix(codes, scale)
+    (amax,) = quantize_int4_matrices([m], ScaleMethod.AMAX)
+    baseline = error_stats(m, amax).sum_squared_error
+    for method in (ScaleMethod.INT4_AWARE, ScaleMethod.SWEEP):
+        (q,) = quantize_int4_matrices([m], method)
+        assert error_stats(m, q).sum_squared_error <= baseline * (1 + 1e-6)

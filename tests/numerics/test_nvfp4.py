@@ -7,7 +7,12 @@ import torch
 from modelopt.torch.quantization.qtensor.nvfp4_tensor import NVFP4QTensor
 
 from kimi_nvfp4.numerics.constants import E4M3_MIN_BLOCK_SCALE
-from kimi_nvfp4.numerics.nvfp4 import NVFP4Tensor, dequantize_nvfp4, quantize_nvfp4, tensor_scale_from_amax
+from kimi_nvfp4.numerics.nvfp4 import (
+    NVFP4Tensor,
+    dequantize_nvfp4,
+    quantize_nvfp4,
+    tensor_scale_from_amax,
+)
 
 
 def _modelopt(w: torch.Tensor, weight_scale_2: torch.Tensor | None = None):

@@ -16,7 +16,6 @@ from kimi_nvfp4.checkpoint.reader import INDEX_NAME, CheckpointReader
 from kimi_nvfp4.cli import cli
 from kimi_nvfp4.numerics.int4 import dequantize_int4, unpack_int4
 from kimi_nvfp4.synth import create_synthetic_checkpoint, plan_synthetic_checkpoint
-from kimi_nvfp4.synth.tokenizer_files import KIMI_SPECIAL_TOKENS
 
 SMALL_VOCAB = 256
 
@@ -159,8 +158,8 @@ def test_k26_preset_has_the_real_shapes_without_writing():
 
 
 def test_tokenizer_files_encode_chats_with_kimi_special_ids(tiny_int4_checkpoint):
-    import jinja2
     import tiktoken
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
     from tiktoken.load import load_tiktoken_bpe
 
     ranks = load_tiktoken_bpe(str(tiny_int4_checkpoint / "tiktoken.model"))
@@ -169,7 +168,7 @@ def test_tokenizer_files_encode_chats_with_kimi_special_ids(tiny_int4_checkpoint
     specials = {v["content"]: int(k) for k, v in cfg["added_tokens_decoder"].items()}
     assert specials["<|im_end|>"] == 163586 and specials["[PAD]"] == 163839 and specials["<think>"] == 163606
     enc = tiktoken.Encoding("synthetic-kimi", pat_str=r"""\s+|\S+""", mergeable_ranks=ranks, special_tokens=specials)
-    template = jinja2.sandbox.ImmutableSandboxedEnvironment().from_string(
+    template = ImmutableSandboxedEnvironment().from_string(
         (tiny_int4_checkpoint / "chat_template.jinja").read_text()
     )
     text = template.render(messages=[{"role": "user", "content": "fix the test"}], add_generation_prompt=True)

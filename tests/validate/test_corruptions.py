@@ -14,8 +14,18 @@ SYNTHETIC_GATES.w4a4.top1_min = SYNTHETIC_GATES.w4a16.top1_min = 0.5
 
 
 def _validate(src, out, tmp_path, modes=("w4a4",)):
-    return validate_checkpoint(out, src, "sample", report_dir=tmp_path / "report", gates=SYNTHETIC_GATES,
-                               modes=modes, samples=2, seq_len=32, device="cpu", progress=False)
+    return validate_checkpoint(
+        out,
+        src,
+        "sample",
+        report_dir=tmp_path / "report",
+        gates=SYNTHETIC_GATES,
+        modes=modes,
+        samples=2,
+        seq_len=32,
+        device="cpu",
+        progress=False,
+    )
 
 
 def _failed(report) -> dict[str, str]:

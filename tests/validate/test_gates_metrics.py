@@ -34,8 +34,13 @@ def test_defaults_file_and_overrides_compose(tmp_path):
 
 @pytest.mark.parametrize(
     "override, message",
-    [("w4a4.nope=1", "no such threshold"), ("kl_mean_max", "KEY=VALUE"), ("w4a4.kl_mean_max=abc", "not a number"),
-     ("w4a4=1", "no such threshold"), ("w4a4.kl_mean_max=inf", "finite")],
+    [
+        ("w4a4.nope=1", "no such threshold"),
+        ("kl_mean_max", "KEY=VALUE"),
+        ("w4a4.kl_mean_max=abc", "not a number"),
+        ("w4a4=1", "no such threshold"),
+        ("w4a4.kl_mean_max=inf", "finite"),
+    ],
 )
 def test_bad_overrides_are_named(override, message):
     with pytest.raises(GateConfigError, match=message):

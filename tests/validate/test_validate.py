@@ -25,11 +25,23 @@ def _gates():
 def test_deepseek_v3_layout_validates(calibrated_deepseek_pair, tmp_path):
     src, out = calibrated_deepseek_pair
     assert CheckpointReader(out).layout.text_prefix == ""
-    report = validate_checkpoint(out, src, "sample", report_dir=tmp_path / "r", gates=_gates(), samples=2, seq_len=32,
-                                 device="cpu", progress=False, record_in_manifest=False)
+    report = validate_checkpoint(
+        out,
+        src,
+        "sample",
+        report_dir=tmp_path / "r",
+        gates=_gates(),
+        samples=2,
+        seq_len=32,
+        device="cpu",
+        progress=False,
+        record_in_manifest=False,
+    )
     assert report.passed, [g for g in report.gates if not g.passed]
-    assert report.weights.matrices == 3 * len(CheckpointReader(out).layout.text.moe_layers) * \
-        CheckpointReader(out).layout.text.n_routed_experts
+    assert (
+        report.weights.matrices
+        == 3 * len(CheckpointReader(out).layout.text.moe_layers) * CheckpointReader(out).layout.text.n_routed_experts
+    )
 
 
 def test_structure_of_an_uncalibrated_conversion_lacks_only_input_scales(calibrated_pair, tmp_path):
@@ -60,8 +72,17 @@ def test_validate_holds_one_layer_of_each_model(calibrated_pair, tmp_path, monke
         return w
 
     monkeypatch.setattr(model_weights._CheckpointWeights, "layer", layer)
-    validate_checkpoint(out, src, "sample", report_dir=tmp_path / "r", gates=_gates(), samples=2, seq_len=32,
-                        device="cpu", progress=False)
+    validate_checkpoint(
+        out,
+        src,
+        "sample",
+        report_dir=tmp_path / "r",
+        gates=_gates(),
+        samples=2,
+        seq_len=32,
+        device="cpu",
+        progress=False,
+    )
     assert peak == {"int4": 1, "nvfp4": 1}
     assert live == {"int4": 0, "nvfp4": 0}
 
@@ -76,8 +97,21 @@ def _exit_code(argv: list[str]) -> int:
 
 def test_cli_exit_codes_and_report(calibrated_pair, tmp_path, capsys):
     src, out = calibrated_pair
-    args = ["validate", str(out), "--source", str(src), "--data", "sample", "--samples", "2", "--seq-len", "32",
-            "--device", "cpu", "--no-progress"]
+    args = [
+        "validate",
+        str(out),
+        "--source",
+        str(src),
+        "--data",
+        "sample",
+        "--samples",
+        "2",
+        "--seq-len",
+        "32",
+        "--device",
+        "cpu",
+        "--no-progress",
+    ]
     gate_args = [a for o in SYNTHETIC_OVERRIDES for a in ("--gate", o)]
     assert _exit_code(args + ["--report", str(tmp_path / "ok")] + gate_args) == 0
     assert json.loads((tmp_path / "ok" / "validate_report.json").read_text())["passed"] is True
@@ -113,6 +147,7 @@ def test_demo_model_passes_the_default_gates(tmp_path):
     out = tmp_path / "demo_nvfp4"
     convert_checkpoint(DEMO_CHECKPOINT, out, device="cpu", progress=False)
     calibrate_checkpoint(out, DEMO_CHECKPOINT, "sample", samples=8, seq_len=128, device="cpu", progress=False)
-    report = validate_checkpoint(out, DEMO_CHECKPOINT, "sample", report_dir=tmp_path / "r", samples=8, seq_len=128,
-                                 device="cpu", progress=False)
+    report = validate_checkpoint(
+        out, DEMO_CHECKPOINT, "sample", report_dir=tmp_path / "r", samples=8, seq_len=128, device="cpu", progress=False
+    )
     assert report.passed, [(g.name, g.value, g.threshold) for g in report.gates if not g.passed]

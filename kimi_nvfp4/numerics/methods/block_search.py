@@ -26,13 +26,13 @@ from ..e4m3 import E4M3_MAX_BITS, E4M3_MIN_POSITIVE_BITS, e4m3_bits_to_fp32
 
 __all__ = [
     "MAGNITUDES",
-    "flat_blocks",
-    "block_max_code",
-    "magnitude_histogram",
-    "candidate_errors",
-    "select_best",
-    "pairwise_sum_dim1",
     "ErrorTable",
+    "block_max_code",
+    "candidate_errors",
+    "flat_blocks",
+    "magnitude_histogram",
+    "pairwise_sum_dim1",
+    "select_best",
 ]
 
 # |q| for q in [-8, 7]; magnitude 0 never contributes error.

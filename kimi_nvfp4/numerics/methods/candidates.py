@@ -9,7 +9,13 @@ from __future__ import annotations
 import torch
 
 from ..constants import E2M1_MAX
-from ..e4m3 import E4M3_MAX_BITS, E4M3_MIN_POSITIVE_BITS, E4M3_NUM_POSITIVE, e4m3_bits, round_block_scale_to_e4m3
+from ..e4m3 import (
+    E4M3_MAX_BITS,
+    E4M3_MIN_POSITIVE_BITS,
+    E4M3_NUM_POSITIVE,
+    e4m3_bits,
+    round_block_scale_to_e4m3,
+)
 
 __all__ = ["INT4_AWARE_CANDIDATES", "all_positive_bits", "int4_aware_bits"]
 

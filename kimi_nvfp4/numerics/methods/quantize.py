@@ -13,10 +13,27 @@ from collections.abc import Sequence
 import torch
 
 from ..constants import E2M1_MAX, E4M3_MAX, NVFP4_BLOCK_SIZE
-from ..e4m3 import E4M3_NUM_POSITIVE, e4m3_bits, e4m3_from_bits, round_block_scale_to_e4m3
-from ..nvfp4 import ZERO_BLOCK_SCALE, NVFP4Tensor, encode_with_block_scales, quantize_nvfp4, tensor_scale_from_amax
 from ..e2m1 import pack_e2m1
-from .block_search import ErrorTable, block_max_code, flat_blocks, magnitude_histogram, select_best
+from ..e4m3 import (
+    E4M3_NUM_POSITIVE,
+    e4m3_bits,
+    e4m3_from_bits,
+    round_block_scale_to_e4m3,
+)
+from ..nvfp4 import (
+    ZERO_BLOCK_SCALE,
+    NVFP4Tensor,
+    encode_with_block_scales,
+    quantize_nvfp4,
+    tensor_scale_from_amax,
+)
+from .block_search import (
+    ErrorTable,
+    block_max_code,
+    flat_blocks,
+    magnitude_histogram,
+    select_best,
+)
 from .candidates import INT4_AWARE_CANDIDATES, all_positive_bits, int4_aware_bits
 from .types import Int4Matrix, ScaleMethod
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-import torch
-
 from ..nvfp4 import NVFP4Tensor, dequantize_nvfp4
 from .types import Int4Matrix
 

@@ -10,7 +10,7 @@ import torch
 from ..constants import INT4_GROUP_SIZE, INT4_MAX, INT4_MIN, NVFP4_BLOCK_SIZE
 from ..int4 import group_scales_fp32, unpack_int4
 
-__all__ = ["ScaleMethod", "Int4Matrix"]
+__all__ = ["Int4Matrix", "ScaleMethod"]
 
 
 class ScaleMethod(str, Enum):
