@@ -179,7 +179,10 @@ def _coverage_figure(report: CalibrationReport):
     ax.set_xlabel("routed tokens per expert (all MoE layers)")
     ax.set_ylabel("experts")
     ax.set_title(f"Expert coverage; policy {report.settings.policy}, min {report.settings.min_expert_tokens} tokens")
-    ax.axvline(0.5, color="#c44", lw=0.8)
+    m = report.settings.min_expert_tokens
+    if m > 0:  # experts left of this line got the policy instead of their own amax
+        ax.axvline(1 + int(math.log2(m)) - 0.5, color="#c44", lw=0.8, ls="--", label=f"min {m} tokens")
+        ax.legend(fontsize=8)
     return fig
 
 

@@ -92,6 +92,16 @@ def _gate_row(g: GateResult) -> list:
     return ["PASS" if g.passed else "**FAIL**", g.name, value, g.comparison, threshold, margin, g.detail[:200]]
 
 
+def _failure_line(g: GateResult) -> str:
+    """`- **w4a4.kl_mean**: 0.41 vs <= 0.3 (off by 0.11) detail`"""
+    text = f"- **{g.name}**:"
+    if g.value is not None:
+        text += f" {g.value:.4g} vs {g.comparison} {g.threshold:.4g}"
+    if g.margin is not None:
+        text += f" (off by {g.margin:.4g})"
+    return f"{text} {g.detail}".rstrip()
+
+
 def render_markdown(r: ValidationReport) -> str:
     verdict = "PASSED" if r.passed else f"FAILED ({len(r.failed_gates())} of {len(r.gates)} gates)"
     s = r.settings
@@ -101,20 +111,13 @@ def render_markdown(r: ValidationReport) -> str:
         f"- checkpoint `{r.checkpoint}` against INT4 source `{r.source}`",
         f"- held-out data `{s.data}`: {r.conversations} conversations, {r.sequences} sequences, {r.tokens} tokens "
         f"(seq-len {s.seq_len}, seed {s.seed})",
-        f"- modes {', '.join(s.modes)}; expert input scales reduced `{s.input_scale_reduction}` (as SGLang serves them)",
+        f"- modes {', '.join(s.modes)}; expert input scales reduced `{s.input_scale_reduction}` "
+        "(as SGLang serves them)",
         f"- device {r.device}, {r.seconds:.1f} s",
         "",
     ]
     if not r.passed:
-        lines += (
-            ["## Failed gates", ""]
-            + [
-                f"- **{g.name}**: {g.value if g.value is not None else ''} {'' if g.threshold is None else 'vs ' + g.comparison + ' ' + format(g.threshold, '.4g')}"
-                f"{'' if g.margin is None else f' (off by {g.margin:.4g})'} {g.detail}".rstrip()
-                for g in r.failed_gates()
-            ]
-            + [""]
-        )
+        lines += ["## Failed gates", ""] + [_failure_line(g) for g in r.failed_gates()] + [""]
     lines += [
         "## Gates",
         "",
@@ -188,7 +191,9 @@ def _drift_figure(r: ValidationReport):
         pts = [(l.layer, l.drift[mode]) for l in r.layers if mode in l.drift and l.drift[mode] > 0]
         if pts:
             ax.plot(*zip(*pts), ".-", label=f"{mode} drift")
-    ax.axhline(r.thresholds.w4a4.drift_max, color="#c44", lw=0.8, ls="--", label="w4a4 gate")
+    for mode, style in zip(r.settings.modes, ("--", ":")):
+        ax.axhline(r.thresholds.for_mode(mode).drift_max, color="#c44", lw=0.8, ls=style, label=f"{mode} gate")
+    ax.set_xticks([l.layer for l in r.layers])
     ax.set_yscale("log")
     ax.set_xlabel("layer")
     ax.set_ylabel("relative MSE of hidden states")
