@@ -70,7 +70,8 @@ def cli() -> None:
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: user-facing errors become one line on stderr and a distinct exit code."""
     try:
-        cli.main(args=argv, standalone_mode=False)
+        # standalone_mode=False returns a command's ctx.exit(code) value instead of exiting.
+        code = cli.main(args=argv, standalone_mode=False)
     except KimiNvfp4Error as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(e.exit_code)
@@ -82,3 +83,4 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(e.exit_code)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
+    sys.exit(code if isinstance(code, int) else 0)

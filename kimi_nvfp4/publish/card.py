@@ -44,7 +44,8 @@ METHOD_DESCRIPTIONS = {
             "NVFP4QTensor).",
     "int4-aware": "per 16-value block, the best of a few E4M3 scales derived from the INT4 codes and group "
                   "scale (ModelOpt's amax/6, Four Over Six's amax/4, and the INT4-aligned 2x group scale under "
-                  "which codes 0, ±1..4, ±6, -8 are exact), chosen by error against the INT4 values; never worse than `amax`.",
+                  "which codes 0, ±1..4, ±6, -8 are exact), chosen by error against the INT4 values; never worse "
+                  "than `amax`.",
     "sweep": "per 16-value block, all 126 positive E4M3 scales tried, the one with the least error against the "
              "INT4 values kept (the quality reference).",
 }
