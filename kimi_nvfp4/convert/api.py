@@ -127,8 +127,12 @@ def convert_checkpoint(
     overwrite: bool = False,
     progress: bool = True,
     revision: str | None = None,
+    record_stats: bool = True,
 ) -> ConversionSummary:
-    """Convert `source` (folder or Hub repo id) into `output`. Re-running resumes; see docs/convert.md."""
+    """Convert `source` (folder or Hub repo id) into `output`. Re-running resumes; see docs/convert.md.
+
+    `record_stats=False` skips the per-matrix error statistics in the manifest (same output bytes, faster on CPU).
+    """
     method = ScaleMethod(method)
     if kv_cache_quant_algo == "none":
         kv_cache_quant_algo = None
@@ -153,7 +157,10 @@ def convert_checkpoint(
     if todo or not state.was_complete:
         manifest.complete = False
         save_manifest(output, manifest)
-        results = _run_jobs(todo, plan, output, manifest, method=method, device=dev, workers=workers, progress=progress)
+        results = _run_jobs(
+            todo, plan, output, manifest, method=method, device=dev, workers=workers, progress=progress,
+            record_stats=record_stats,
+        )
         _finish(plan, output, manifest, kv_cache_quant_algo)
     seconds = time.perf_counter() - start
     return ConversionSummary(
@@ -186,6 +193,7 @@ def _run_jobs(
     device: torch.device,
     workers: int,
     progress: bool,
+    record_stats: bool,
 ) -> list[ShardResult]:
     """Run shard jobs; record each finished shard in the manifest as soon as it is renamed into place."""
     lock = threading.Lock()
@@ -208,7 +216,9 @@ def _run_jobs(
                 overall.update(n)
 
         try:
-            result = run_shard_job(job, plan.root, output, method=method, device=device, on_progress=advance)
+            result = run_shard_job(
+                job, plan.root, output, method=method, device=device, record_stats=record_stats, on_progress=advance
+            )
         finally:
             bar.close()
             with lock:

@@ -23,16 +23,20 @@ from .api import DEVICES, KV_CACHE_CHOICES, convert_checkpoint
               show_default=True, help="KV-cache format declared in the quant config (NVIDIA ships K2.6 with FP8).")
 @click.option("--overwrite", is_flag=True, help="Replace an earlier conversion made with other settings.")
 @click.option("--revision", default=None, help="Hub revision when SOURCE is a repo id.")
+@click.option("--stats/--no-stats", "record_stats", default=True, show_default=True,
+              help="Record each matrix's error against its INT4 values in the manifest (same bytes; slower on CPU).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--no-progress", is_flag=True, help="Hide progress bars.")
-def convert_command(source, output, method, device, workers, kv_cache_quant_algo, overwrite, revision, as_json, no_progress):
+def convert_command(
+    source, output, method, device, workers, kv_cache_quant_algo, overwrite, revision, record_stats, as_json, no_progress
+):
     """Convert the INT4 Kimi K2.x checkpoint SOURCE (folder or Hub repo id) to NVFP4 in OUTPUT.
 
     Re-running the same command resumes and skips finished shards.
     """
     summary = convert_checkpoint(
         source, output, method=method, device=device, workers=workers, kv_cache_quant_algo=kv_cache_quant_algo,
-        overwrite=overwrite, progress=not no_progress, revision=revision,
+        overwrite=overwrite, progress=not no_progress, revision=revision, record_stats=record_stats,
     )
     if as_json:
         click.echo(json.dumps(summary.to_dict(), indent=2))

@@ -21,11 +21,12 @@ import torch
 from .. import __version__
 from .agent_chats import render_agent_sessions
 from .corpus import DEFAULT_HELDOUT_FRACTION, default_source_root, load_corpus
-from .export import export_checkpoint
+from .atomic import write_text_atomic
+from .export import export_checkpoint, to_json
 from .model_config import TinyK2Spec
 from .readback import load_transformers_model
 from .specials import EOS_TOKEN
-from .tokenizer_build import DEFAULT_VOCAB_SIZE, load_tokenizer_json, train_tokenizer, write_tokenizer_files
+from .tokenizer_build import load_tokenizer_json, train_tokenizer, write_tokenizer_files
 from .train import TrainSettings, build_train_stream, encode_documents, mean_nll, measure_step_seconds, train_model
 
 REPORT_FILE = "training_report.json"
@@ -73,11 +74,12 @@ def build_demo_model(
     out_dir: Path,
     *,
     device: str = "cpu",
-    settings: TrainSettings = TrainSettings(),
-    spec: TinyK2Spec = TinyK2Spec(),
+    settings: TrainSettings | None = None,
+    spec: TinyK2Spec | None = None,
     source_root: Path | None = None,
     tokenizer_dir: Path | None = None,
     heldout_fraction: float = DEFAULT_HELDOUT_FRACTION,
+    heldout_chat_sessions: int = HELDOUT_CHAT_SESSIONS,
     time_budget_s: float | None = None,
     overwrite: bool = False,
     progress: bool = True,
@@ -88,6 +90,8 @@ def build_demo_model(
     With `time_budget_s`, the step count is set from a short timing run so training takes about that
     long on this device; the report records the step count used, which reproduces the run exactly.
     """
+    settings = settings or TrainSettings()
+    spec = spec or TinyK2Spec()
     if device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
@@ -103,12 +107,13 @@ def build_demo_model(
                                   tokenizer_dir, spec.vocab_size)
         tokenizer = load_tokenizer_json(tokenizer_dir)
         if tokenizer.get_vocab_size() != spec.vocab_size:
-            raise ValueError(f"tokenizer in {tokenizer_dir} has {tokenizer.get_vocab_size()} ids, model expects {spec.vocab_size}")
+            raise ValueError(f"tokenizer in {tokenizer_dir} has {tokenizer.get_vocab_size()} ids, "
+                             f"the model expects {spec.vocab_size}")
         eos = tokenizer.token_to_id(EOS_TOKEN)
         stream, code_tokens, chat_tokens = build_train_stream(tokenizer, corpus.train, spec, settings.chat_sessions,
                                                               settings.seed)
         heldout_code = _stream(tokenizer, [f.text for f in corpus.heldout], eos)
-        heldout_chat = _stream(tokenizer, render_agent_sessions(corpus.heldout, HELDOUT_CHAT_SESSIONS,
+        heldout_chat = _stream(tokenizer, render_agent_sessions(corpus.heldout, heldout_chat_sessions,
                                                                 settings.seed + 1), eos)
         seconds["data"] = time.perf_counter() - t
         log(f"train stream {stream.numel()} tokens ({code_tokens} code, {chat_tokens} chat); "
@@ -128,6 +133,8 @@ def build_demo_model(
         for label, s in (("code", heldout_code), ("chat", heldout_chat)):
             nll, n = mean_nll(model, s, settings.seq_len, settings.batch_size, device)
             ppl[f"float32_{label}"] = Perplexity(n, nll).to_dict()
+        seconds["evaluate_float32"] = time.perf_counter() - t
+        t = time.perf_counter()
         state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
         n_params = sum(p.numel() for p in model.parameters())
         del model
@@ -149,9 +156,7 @@ def build_demo_model(
         report.perplexity[f"int4_checkpoint_{label}"] = Perplexity(n, nll).to_dict()
     seconds["evaluate_int4"] = time.perf_counter() - t
     report.checkpoint_bytes = sum(p.stat().st_size for p in Path(out_dir).glob("*.safetensors"))
-    from .export import _json
-    from .atomic import write_text_atomic
-    write_text_atomic(Path(out_dir) / REPORT_FILE, _json(report.to_dict()))
+    write_text_atomic(Path(out_dir) / REPORT_FILE, to_json(report.to_dict()))
     for k, v in report.perplexity.items():
         log(f"held-out perplexity {k}: {v['ppl']:.3f} over {v['tokens']} tokens")
     return report

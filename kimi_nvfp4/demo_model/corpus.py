@@ -78,5 +78,6 @@ def load_corpus(root: Path | None = None, *, heldout_fraction: float = DEFAULT_H
         item = SourceFile(rel.as_posix(), text)
         (heldout if is_heldout(item.relpath, heldout_fraction) else train).append(item)
     if not train or not heldout:
-        raise ValueError(f"corpus root {root}: need files in both splits, got {len(train)} train / {len(heldout)} held out")
+        raise ValueError(f"corpus root {root}: need files in both splits, "
+                         f"got {len(train)} train / {len(heldout)} held out")
     return CorpusSplit(str(root), tuple(train), tuple(heldout))

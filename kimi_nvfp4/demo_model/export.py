@@ -99,7 +99,7 @@ def checkpoint_tensors(state_dict: Mapping[str, torch.Tensor], spec: TinyK2Spec,
     return tensors
 
 
-def _json(obj: Any) -> str:
+def to_json(obj: Any) -> str:
     return json.dumps(obj, indent=2, ensure_ascii=False) + "\n"
 
 
@@ -130,21 +130,21 @@ def export_checkpoint(
         shards[_shard_of(name, spec, num_shards)][name] = tensors[name]
     weight_map: dict[str, str] = {}
     total = 0
-    for file, shard in zip(shard_names, shards):
+    for file, shard in zip(shard_names, shards, strict=True):
         write_bytes_atomic(staging / file, save(shard, metadata={"format": "pt"}))
         for name, t in shard.items():
             weight_map[name] = file
             total += t.numel() * t.element_size()
-    write_text_atomic(staging / INDEX_FILE, _json({"metadata": {"total_size": total}, "weight_map": weight_map}))
-    write_text_atomic(staging / CONFIG_FILE, _json(kimi_k25_config(spec, vision_config())))
-    write_text_atomic(staging / GENERATION_CONFIG_FILE, _json(generation_config(spec)))
+    write_text_atomic(staging / INDEX_FILE, to_json({"metadata": {"total_size": total}, "weight_map": weight_map}))
+    write_text_atomic(staging / CONFIG_FILE, to_json(kimi_k25_config(spec, vision_config())))
+    write_text_atomic(staging / GENERATION_CONFIG_FILE, to_json(generation_config(spec)))
     for name in (TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, CHAT_TEMPLATE_FILE):
         src = Path(tokenizer_dir) / name
         if not src.is_file():
             raise OutputError(f"tokenizer folder {tokenizer_dir} lacks {name}")
         write_bytes_atomic(staging / name, src.read_bytes())
     for name, obj in (extra_json or {}).items():
-        write_text_atomic(staging / name, _json(obj))
+        write_text_atomic(staging / name, to_json(obj))
     if out_dir.exists():
         shutil.rmtree(out_dir)
     staging.rename(out_dir)

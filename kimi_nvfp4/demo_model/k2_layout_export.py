@@ -24,7 +24,9 @@ FUSED_GATE_UP = "mlp.experts.gate_up_proj"
 FUSED_DOWN = "mlp.experts.down_proj"
 
 
-def _split_fused_experts(layer_prefix: str, gate_up: torch.Tensor, down: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+def _split_fused_experts(
+    layer_prefix: str, gate_up: torch.Tensor, down: torch.Tensor
+) -> Iterator[tuple[str, torch.Tensor]]:
     n_experts, two_i, _ = gate_up.shape
     inter = two_i // 2
     for e in range(n_experts):

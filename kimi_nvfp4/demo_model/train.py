@@ -30,7 +30,7 @@ from .specials import EOS_TOKEN
 
 @dataclass(frozen=True)
 class TrainSettings:
-    steps: int = 3000
+    steps: int = 3500
     batch_size: int = 32
     seq_len: int = 512
     lr: float = 3e-3
@@ -77,7 +77,8 @@ def build_train_stream(
     """
     eos = tokenizer.token_to_id(EOS_TOKEN)
     code_docs = encode_documents(tokenizer, [f.text for f in files], eos)
-    chat_docs = encode_documents(tokenizer, render_agent_sessions(files, chat_sessions, seed), eos) if chat_sessions else []
+    chats = render_agent_sessions(files, chat_sessions, seed) if chat_sessions else []
+    chat_docs = encode_documents(tokenizer, chats, eos)
     docs = code_docs + chat_docs
     random.Random(seed).shuffle(docs)
     stream = torch.tensor([t for d in docs for t in d], dtype=torch.long)
@@ -127,12 +128,13 @@ class RouterLoadBalancer:
 def mean_nll(model, stream: torch.Tensor, seq_len: int, batch_size: int, device: str,
              max_windows: int | None = None) -> tuple[float, int]:
     """Mean next-token NLL over non-overlapping windows of `stream` (every token predicted once)."""
-    model.eval()
     n_windows = (stream.numel() - 1) // seq_len
     if max_windows is not None:
         n_windows = min(n_windows, max_windows)
     if n_windows == 0:
         raise ValueError(f"stream of {stream.numel()} tokens is shorter than one window of {seq_len}")
+    was_training = model.training
+    model.eval()
     total, count = 0.0, 0
     for start in range(0, n_windows, batch_size):
         idx = torch.arange(start, min(n_windows, start + batch_size)) * seq_len
@@ -142,7 +144,7 @@ def mean_nll(model, stream: torch.Tensor, seq_len: int, batch_size: int, device:
         total += float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
                                                          reduction="sum"))
         count += y.numel()
-    model.train()
+    model.train(was_training)
     return total / count, count
 
 

@@ -155,3 +155,11 @@ def test_peak_rss_growth_is_about_two_shards(tmp_path):
     assert m["total"] > 8 * m["max_shard"]
     slack = 16 * 2**20  # allocator and interpreter noise
     assert m["growth"] <= 2 * m["max_shard"] + slack, m
+
+
+def test_without_stats_the_bytes_are_the_same(source, tmp_path):
+    with_stats, without = tmp_path / "with", tmp_path / "without"
+    convert_checkpoint(source, with_stats, device="cpu", progress=False)
+    convert_checkpoint(source, without, device="cpu", progress=False, record_stats=False)
+    assert _shas(with_stats) == _shas(without)
+    assert len(load_manifest(with_stats).tensor_stats) == 48 and load_manifest(without).tensor_stats == {}
