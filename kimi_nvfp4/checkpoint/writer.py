@@ -20,7 +20,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import torch
 
@@ -90,49 +90,129 @@ class ShardWriter:
     def __len__(self) -> int:
         return len(self._tensors)
 
-    def _header(self) -> bytes:
-        header: dict[str, Any] = {"__metadata__": self.metadata}
-        offset = 0
-        for name in sorted(self._tensors):
-            t = self._tensors[name]
-            n = t.numel() * t.element_size()
-            header[name] = {
-                "dtype": _TORCH_TO_SAFETENSORS[t.dtype],
-                "shape": list(t.shape),
-                "data_offsets": [offset, offset + n],
-            }
-            offset += n
-        raw = json.dumps(header, separators=(",", ":")).encode()
-        raw += b" " * ((-len(raw)) % _HEADER_ALIGNMENT)
-        return struct.pack("<Q", len(raw)) + raw
-
     def commit(self) -> WrittenShard:
         """Write `.NAME.partial`, fsync, rename to NAME. Returns its sha256 and size."""
-        tmp = partial_path(self.path)
-        digest = hashlib.sha256()
-        total = 0
-        try:
-            with tmp.open("wb") as f:
-                head = self._header()
-                f.write(head)
-                digest.update(head)
-                total += len(head)
-                for name in sorted(self._tensors):
-                    data = _tensor_bytes(self._tensors[name])
-                    for start in range(0, data.numel(), _WRITE_CHUNK_BYTES):
-                        chunk = memoryview(data[start : start + _WRITE_CHUNK_BYTES].numpy())
-                        f.write(chunk)
-                        digest.update(chunk)
-                        total += len(chunk)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except OSError as e:
-            tmp.unlink(missing_ok=True)
-            raise _write_failure(e, self.path) from None
-        count = len(self._tensors)
+        names = sorted(self._tensors)
+        specs = [TensorSpec(n, self._tensors[n].dtype, tuple(self._tensors[n].shape)) for n in names]
+        with StreamingShardWriter(self.path, specs, self.metadata) as stream:
+            for name in names:
+                stream.write(name, self._tensors[name])
+            written = stream.commit()
         self._tensors.clear()
-        return WrittenShard(self.path.name, digest.hexdigest(), total, count)
+        return written
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """What the header promises for one tensor, before its data exists."""
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n * torch.empty((), dtype=self.dtype).element_size()
+
+
+def _encode_header(specs: list[TensorSpec], metadata: dict[str, str]) -> bytes:
+    header: dict[str, Any] = {"__metadata__": metadata}
+    offset = 0
+    for spec in specs:
+        if spec.dtype not in _TORCH_TO_SAFETENSORS:
+            raise ValueError(f"tensor {spec.name}: dtype {spec.dtype} has no safetensors encoding")
+        header[spec.name] = {
+            "dtype": _TORCH_TO_SAFETENSORS[spec.dtype],
+            "shape": list(spec.shape),
+            "data_offsets": [offset, offset + spec.nbytes],
+        }
+        offset += spec.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * ((-len(raw)) % _HEADER_ALIGNMENT)
+    return struct.pack("<Q", len(raw)) + raw
+
+
+class StreamingShardWriter:
+    """Writes one shard tensor by tensor, in an order fixed up front, holding none of them.
+
+    The header (names, dtypes, shapes, offsets) is written first from `specs`; each `write` must then
+    deliver the next tensor of `specs`, whose bytes go straight to `.NAME.partial` and into the sha256.
+    `commit` fsyncs and renames; leaving the `with` block without committing removes the partial file.
+    """
+
+    def __init__(self, path: str | Path, specs: list[TensorSpec], metadata: dict[str, str] | None = None):
+        self.path = Path(path)
+        self._specs = list(specs)
+        if len({s.name for s in self._specs}) != len(self._specs):
+            raise ValueError(f"duplicate tensor names in the plan of {self.path.name}")
+        self._next = 0
+        self._tmp = partial_path(self.path)
+        self._digest = hashlib.sha256()
+        self._bytes = 0
+        self._committed = False
+        head = _encode_header(self._specs, {"format": "pt", **(metadata or {})})
+        try:
+            self._f = self._tmp.open("wb")
+            self._emit(memoryview(head))
+        except OSError as e:
+            self.abort()
+            raise _write_failure(e, self.path) from None
+
+    def _emit(self, chunk: memoryview) -> None:
+        self._f.write(chunk)
+        self._digest.update(chunk)
+        self._bytes += len(chunk)
+
+    def write(self, name: str, tensor: torch.Tensor) -> None:
+        if self._next >= len(self._specs):
+            raise ValueError(f"tensor {name}: {self.path.name} expected no more tensors")
+        spec = self._specs[self._next]
+        if name != spec.name or tensor.dtype != spec.dtype or tuple(tensor.shape) != spec.shape:
+            raise ValueError(
+                f"tensor {name} {tensor.dtype} {list(tensor.shape)}: {self.path.name} expected "
+                f"{spec.name} {spec.dtype} {list(spec.shape)} next"
+            )
+        data = _tensor_bytes(tensor if tensor.device.type == "cpu" else tensor.cpu())
+        try:
+            for start in range(0, data.numel(), _WRITE_CHUNK_BYTES):
+                self._emit(memoryview(data[start : start + _WRITE_CHUNK_BYTES].numpy()))
+        except OSError as e:
+            self.abort()
+            raise _write_failure(e, self.path) from None
+        self._next += 1
+
+    def commit(self) -> WrittenShard:
+        if self._next != len(self._specs):
+            missing = self._specs[self._next].name
+            self.abort()
+            raise ValueError(f"{self.path.name}: tensor {missing} was never written")
+        try:
+            self._f.flush()
+            os.fsync(self._f.fileno())
+            self._f.close()
+            os.replace(self._tmp, self.path)
+        except OSError as e:
+            self.abort()
+            raise _write_failure(e, self.path) from None
+        self._committed = True
+        return WrittenShard(self.path.name, self._digest.hexdigest(), self._bytes, len(self._specs))
+
+    def abort(self) -> None:
+        """Close and remove the partial file (idempotent)."""
+        f = getattr(self, "_f", None)
+        if f is not None and not f.closed:
+            f.close()
+        self._tmp.unlink(missing_ok=True)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self._committed:
+            self.abort()
 
 
 def write_bytes_atomic(path: str | Path, data: bytes) -> None:

@@ -1,9 +1,10 @@
 """Convert one source shard into one output shard.
 
-Memory: the output shard being assembled (about one shard: NVFP4 is as large as INT4 and the
-rest passes through), plus the INT4 inputs of one scale group. Source tensors are read with plain
-`readinto` (no mmap), and files are closed when the job ends. `peak_tensor_bytes` reports the
-largest total of tensors this job held at once, so tests and benchmarks can check the bound.
+The output layout is fixed by the plan, so the header is written first and every tensor streams to
+disk as soon as it exists: a job holds one pass-through tensor, or one scale group's INT4 inputs and
+NVFP4 outputs, never the shard. Source tensors are read with plain `readinto` (no mmap) and files
+close when the job ends. `peak_tensor_bytes` reports the most tensor bytes the job held at once
+(numerics temporaries aside), so tests and benchmarks can check the bound.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 import torch
 
 from ..checkpoint.tensor_io import ShardFiles
-from ..checkpoint.writer import ShardWriter, WrittenShard
+from ..checkpoint.writer import StreamingShardWriter, WrittenShard
 from ..errors import CheckpointError
 from ..numerics.methods import Int4Matrix, ScaleMethod, error_stats, quantize_int4_matrices
 from .plan import ExpertMatrix, ShardJob
@@ -95,14 +96,15 @@ def _run(
     on_progress: Callable[[int], None] | None,
 ) -> ShardResult:
     start = time.perf_counter()
-    writer = ShardWriter(output_dir / job.file)
     peak = _PeakCounter()
     stats: dict[str, dict[str, Any]] = {}
     matrices = 0
-    with ShardFiles(source_root) as files:
+    with ShardFiles(source_root) as files, StreamingShardWriter(output_dir / job.file, job.output_specs()) as writer:
         for info in job.passthrough:
-            writer.add(info.name, files.read(info.file, info.name))
-            peak.observe(writer.nbytes)
+            tensor = files.read(info.file, info.name)
+            peak.observe(_nbytes(tensor))
+            writer.write(info.name, tensor)
+            del tensor
             if on_progress:
                 on_progress(info.nbytes)
         for group in job.groups:
@@ -114,22 +116,22 @@ def _run(
                 check_group_scale(scale, m)
                 held += _nbytes(packed) + _nbytes(scale)
                 inputs.append(Int4Matrix.from_packed(packed.to(device), scale.to(device), m.in_features))
-            peak.observe(writer.nbytes + held)
             outputs = quantize_int4_matrices(inputs, method)
+            held += sum(_nbytes(q.weight) + _nbytes(q.weight_scale) for q in outputs)
+            peak.observe(held)
             for m, source, q in zip(group.matrices, inputs, outputs):
                 if not job.writes(m):
                     continue  # a partner from another shard: converted here only for the shared scale
                 if record_stats:
                     stats[m.module] = error_stats(source, q).to_dict()
-                writer.add(f"{m.module}.weight", q.weight.cpu())
-                writer.add(f"{m.module}.weight_scale", q.weight_scale.cpu())
-                writer.add(f"{m.module}.weight_scale_2", q.weight_scale_2.cpu())
+                writer.write(f"{m.module}.weight", q.weight.cpu())
+                writer.write(f"{m.module}.weight_scale", q.weight_scale.cpu())
+                writer.write(f"{m.module}.weight_scale_2", q.weight_scale_2.cpu())
                 matrices += 1
                 if on_progress:
                     on_progress(m.int4_bytes)
-            peak.observe(writer.nbytes + held)
             del inputs, outputs
-    written = writer.commit()
+        written = writer.commit()
     return ShardResult(
         written=written,
         tensor_stats=stats,

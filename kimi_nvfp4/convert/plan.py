@@ -29,6 +29,7 @@ from ..checkpoint.source_checks import (
     expert_matrix_shape,
 )
 from ..checkpoint.tensor_io import ShardFiles
+from ..checkpoint.writer import TensorSpec
 from ..errors import CheckpointError, UnsupportedCheckpointError
 from ..numerics.constants import INT4_GROUP_SIZE, NVFP4_BLOCK_SIZE
 
@@ -99,6 +100,15 @@ class ShardJob:
         return sum(t.nbytes for t in self.passthrough) + sum(
             m.output_bytes for g in self.groups for m in g.matrices if self.writes(m)
         )
+
+    def output_specs(self) -> list[TensorSpec]:
+        """Every output tensor of this shard in the order the job produces it (the file's layout)."""
+        specs = [TensorSpec(t.name, t.dtype, tuple(t.shape)) for t in self.passthrough]
+        for group in self.groups:
+            for m in group.matrices:
+                if self.writes(m):
+                    specs += [TensorSpec(n, dtype, shape) for n, (dtype, shape) in m.output_specs().items()]
+        return specs
 
 
 @dataclass

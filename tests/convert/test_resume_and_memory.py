@@ -116,13 +116,13 @@ def test_manifest_round_trips(source, tmp_path):
         load_manifest(out)
 
 
-def test_memory_stays_bounded_by_about_two_shards(tmp_path):
-    # Twelve MoE layers in eight shards: the checkpoint is ~8x a shard, a job must hold <= ~2 shards.
+def test_a_job_holds_one_tensor_or_one_scale_group_not_a_shard(tmp_path):
+    # Twelve MoE layers in eight shards: the checkpoint is ~8x a shard; output streams tensor by tensor.
     src = make_tiny_k2(tmp_path / "src", vocab_size=SMALL_VOCAB, layers=13, experts=16, shards=8)
     summary = convert_checkpoint(src, tmp_path / "out", device="cpu", progress=False)
     assert summary.shards_converted == 8
-    assert summary.peak_tensor_bytes <= 2 * summary.max_shard_bytes
-    assert summary.peak_tensor_bytes < summary.bytes_in / 3
+    assert summary.bytes_in > 7 * summary.max_shard_bytes
+    assert 0 < summary.peak_tensor_bytes < summary.max_shard_bytes / 2
 
 
 _RSS_CHILD = r"""
