@@ -1,7 +1,9 @@
 """Where the source checkpoint is: a local folder, or a Hugging Face Hub repo id downloaded first.
 
-A fingerprint of the source (config.json bytes plus every tensor's name, shard, dtype and shape,
-from the headers) lets a re-run tell "same source, resume" from "different source, refuse".
+A fingerprint of the source lets a re-run tell "same source, resume" from "different source,
+refuse": config.json bytes, every tensor's name, shard, dtype and shape (headers), and the bytes of
+every tensor of at most one dimension (norms, router biases, weight_shape: a few MB for K2.6), so
+two checkpoints with one layout but different weights (another fine-tune, another seed) differ.
 """
 
 from __future__ import annotations
@@ -12,8 +14,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from ..checkpoint.manifest import SourceRecord
 from ..checkpoint.reader import CONFIG_NAME
+from ..checkpoint.tensor_io import ShardFiles
 from ..errors import CheckpointError
 from .plan import ConversionPlan
 
@@ -51,14 +56,18 @@ def resolve_source(source: str | Path, revision: str | None = None) -> ResolvedS
 
 def source_fingerprint(plan: ConversionPlan) -> str:
     digest = hashlib.sha256((plan.root / CONFIG_NAME).read_bytes())
-    for job in plan.jobs:
-        entries = [(t.name, t.file, str(t.dtype), list(t.shape)) for t in job.passthrough]
-        entries += [
-            (m.module, m.packed.file, m.scale.file, m.out_features, m.in_features)
-            for g in job.groups
-            for m in g.matrices
-        ]
-        digest.update(json.dumps([job.file, entries]).encode())
+    with ShardFiles(plan.root) as files:
+        for job in plan.jobs:
+            entries = [(t.name, t.file, str(t.dtype), list(t.shape)) for t in job.passthrough]
+            entries += [
+                (m.module, m.packed.file, m.scale.file, m.out_features, m.in_features)
+                for g in job.groups
+                for m in g.matrices
+            ]
+            digest.update(json.dumps([job.file, entries]).encode())
+            for t in job.passthrough:
+                if len(t.shape) <= 1:
+                    digest.update(files.read(t.file, t.name).reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
 
 

@@ -93,6 +93,15 @@ def test_another_source_is_refused(source, tmp_path):
         convert_checkpoint(source, out, device="cpu", progress=False)
 
 
+def test_same_layout_with_other_weights_is_another_source(tmp_path):
+    a = make_tiny_k2(tmp_path / "a", vocab_size=SMALL_VOCAB, layers=2, experts=4)
+    b = make_tiny_k2(tmp_path / "b", vocab_size=SMALL_VOCAB, layers=2, experts=4, seed=1)
+    out = tmp_path / "out"
+    convert_checkpoint(a, out, device="cpu", progress=False)
+    with pytest.raises(OutputError, match="another source"):
+        convert_checkpoint(b, out, device="cpu", progress=False)
+
+
 def test_malformed_manifest_is_not_trusted(source, tmp_path):
     out = tmp_path / "out"
     convert_checkpoint(source, out, device="cpu", progress=False)

