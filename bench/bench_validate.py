@@ -47,6 +47,8 @@ def main() -> None:
     ap.add_argument("--work-dir", type=Path, default=Path("/tmp/kimi_nvfp4_bench"))
     ap.add_argument("--preset", default="k2.6")
     ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--experts", type=int, default=None, help="routed experts per MoE layer (default: the preset's)")
+    ap.add_argument("--vocab-size", type=int, default=None, help="smaller vocab for a faster synthetic checkpoint")
     ap.add_argument("--samples", type=int, default=512)
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--modes", default="w4a4,w4a16")
@@ -59,7 +61,7 @@ def main() -> None:
 
     dev = resolve_device(args.device)
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    src, out = prepare(args.work_dir, args.preset, args.layers, str(dev))
+    src, out = prepare(args.work_dir, args.preset, args.layers, str(dev), args.experts, args.vocab_size)
     reader = CheckpointReader(out)
     if INPUT_SCALES_SHARD not in set(reader.weight_map.values()):
         calib = sequences(reader, out, CALIBRATION_SEQUENCES, min(args.seq_len, 512), None, 0)
@@ -121,6 +123,9 @@ def main() -> None:
         "total_seconds": total,
         "projected_k26_61_layers_seconds": projected,
         "projected_k26_61_layers_minutes": projected / 60,
+        # Layer and logits time are linear in tokens: scale to 512 held-out sessions x seq_len.
+        "projected_k26_61_layers_512_sessions_minutes": (projected - structure_seconds * K26_CHECKPOINT_BYTES / checkpoint_bytes)
+        / 60 * 512 / len(seqs) + structure_seconds * K26_CHECKPOINT_BYTES / checkpoint_bytes / 60,
         "end_to_end": [e.model_dump(exclude={"kl_histogram_edges", "kl_histogram_counts"}) for e in result.end_to_end],
         "peak_gpu_memory_gib": torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None,
     }

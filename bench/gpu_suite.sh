@@ -31,6 +31,15 @@ case $part in
     step model_layer 140 python3 bench/bench_model_layer.py --device cuda --tokens 16384 --experts 384 \
       --mode int4 --mode nvfp4-w4a4 --mode nvfp4-w4a16 --json "$out/model_layer.json"
     ;;
+  final)
+    step gpu_tests 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/numerics tests/convert
+    step scale_methods 90 python3 bench/bench_scale_methods.py --device cuda --experts 8 --json "$out/scale_methods.json"
+    step convert 150 python3 bench/bench_convert.py --device cuda --skip-peer --work /tmp/bench_convert --experts ${CONVERT_EXPERTS:-32} --workers 4 --method amax --method int4-aware --also-no-stats
+    step calibrate 120 python3 bench/bench_calibrate.py --device cuda --work-dir /tmp/kimi_bench --json /tmp/calibrate.json \
+      --layers 2 --experts 32 --vocab-size 16384 --samples 64 --seq-len 2048
+    step validate 90 python3 bench/bench_validate.py --device cuda --work-dir /tmp/kimi_bench --json /tmp/validate.json \
+      --layers 2 --experts 32 --vocab-size 16384 --samples 16 --seq-len 2048
+    ;;
   stages)
     step gpu_tests_stages 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/model tests/calibrate tests/validate
     step calibrate 300 python3 bench/bench_calibrate.py --device cuda --work-dir /tmp/kimi_bench --json "$out/calibrate.json" ${CAL_ARGS:-}

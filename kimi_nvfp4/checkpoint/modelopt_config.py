@@ -84,7 +84,28 @@ def summarize_exclude_modules(excluded: Iterable[str], quantized: Iterable[str])
         if chosen == module and module in quantized:
             raise ValueError(f"module {module} is both BF16 and quantized")
         patterns.append(chosen)
-    return sorted(patterns)
+    return sorted({alias for p in patterns for alias in engine_spellings(p)})
+
+
+# The K2.5/K2.6 wrapper stores the text model under `language_model.model.*`, but engines name the
+# modules they build differently, and each matches exclude entries against its own names:
+# - vLLM's KimiK25 wrapper builds `language_model.layers.N...` and `language_model.lm_head` and does not
+#   remap exclude_modules (vllm/model_executor/layers/quantization/modelopt.py `is_layer_excluded`);
+# - SGLang builds `model.layers.N...` inside the wrapper; current releases also try each entry without
+#   `language_model.` (srt/layers/quantization/modelopt_quant.py `apply_weight_name_mapper`), older ones do not.
+# So every wrapper entry is also written in those spellings (NVIDIA's K2.5 NVFP4 export does the same).
+_WRAPPED_TEXT = "language_model.model."
+_WRAPPED_HEAD = "language_model.lm_head"
+
+
+def engine_spellings(pattern: str) -> list[str]:
+    """`pattern` plus the names vLLM and SGLang give the same K2.5-wrapper module (itself otherwise)."""
+    if pattern.startswith(_WRAPPED_TEXT):
+        rest = pattern[len(_WRAPPED_TEXT) :]
+        return [pattern, f"language_model.{rest}", f"model.{rest}"]
+    if pattern.startswith(_WRAPPED_HEAD):
+        return [pattern, "lm_head" + pattern[len(_WRAPPED_HEAD) :]]
+    return [pattern]
 
 
 def is_excluded(module: str, patterns: Iterable[str]) -> bool:

@@ -9,6 +9,7 @@ closed when the job ends: resident memory is the tensors we hold, nothing else.
 from __future__ import annotations
 
 import json
+import math
 import struct
 from pathlib import Path
 from typing import BinaryIO, Self
@@ -47,7 +48,8 @@ class ShardFile:
     def __contains__(self, name: str) -> bool:
         return name in self._meta
 
-    def read(self, name: str) -> torch.Tensor:
+    def _entry(self, name: str) -> tuple[torch.dtype, tuple[int, ...], int, int]:
+        """(dtype, shape, absolute file offset, byte count) of `name`, checked against its header entry."""
         meta = self._meta.get(name)
         if meta is None:
             raise CheckpointError("tensor is not in this shard", file=self.path, tensor=name)
@@ -56,22 +58,37 @@ class ShardFile:
             raise CheckpointError(f"unsupported dtype {meta['dtype']!r}", file=self.path, tensor=name)
         begin, end = meta["data_offsets"]
         shape = tuple(meta["shape"])
-        out = torch.empty(shape, dtype=dtype)
-        nbytes = out.numel() * out.element_size()
+        nbytes = math.prod(shape) * dtype.itemsize
         if end - begin != nbytes:
             raise CheckpointError(
                 f"header gives {end - begin} bytes for {meta['dtype']} {list(shape)} ({nbytes} expected)",
                 file=self.path,
                 tensor=name,
             )
+        return dtype, shape, self._data_start + begin, nbytes
+
+    def _read_exact(self, position: int, view: memoryview, name: str, expected: int) -> None:
+        self._f.seek(position)
+        got = self._f.readinto(view)
+        if got != len(view):
+            raise CheckpointError(f"read {got} of {expected} bytes (truncated shard)", file=self.path, tensor=name)
+
+    def read(self, name: str, *, pin_memory: bool = False) -> torch.Tensor:
+        """The tensor, read straight into a new CPU tensor (page-locked with `pin_memory`, for
+        asynchronous host-to-device copies; torch's caching host allocator reuses those buffers)."""
+        dtype, shape, position, nbytes = self._entry(name)
+        out = torch.empty(shape, dtype=dtype, pin_memory=pin_memory)
         if nbytes == 0:
             return out
-        self._f.seek(self._data_start + begin)
-        view = memoryview(out.reshape(-1).view(torch.uint8).numpy())
-        got = self._f.readinto(view)
-        if got != nbytes:
-            raise CheckpointError(f"read {got} of {nbytes} bytes (truncated shard)", file=self.path, tensor=name)
+        self._read_exact(position, memoryview(out.reshape(-1).view(torch.uint8).numpy()), name, nbytes)
         return out
+
+    def read_range(self, name: str, offset: int, view: memoryview) -> None:
+        """Fill `view` with the bytes of tensor `name` from byte `offset` (for chunked copies)."""
+        _, _, position, nbytes = self._entry(name)
+        if offset < 0 or offset + len(view) > nbytes:
+            raise ValueError(f"tensor {name}: bytes [{offset}, {offset + len(view)}) outside its {nbytes} bytes")
+        self._read_exact(position + offset, view, name, nbytes)
 
     def close(self) -> None:
         self._f.close()
@@ -90,11 +107,14 @@ class ShardFiles:
         self.root = Path(root)
         self._open: dict[str, ShardFile] = {}
 
-    def read(self, file: str, name: str) -> torch.Tensor:
+    def shard(self, file: str) -> ShardFile:
         shard = self._open.get(file)
         if shard is None:
             shard = self._open[file] = ShardFile(self.root / file)
-        return shard.read(name)
+        return shard
+
+    def read(self, file: str, name: str, *, pin_memory: bool = False) -> torch.Tensor:
+        return self.shard(file).read(name, pin_memory=pin_memory)
 
     def close(self) -> None:
         for shard in self._open.values():

@@ -5,7 +5,9 @@ A shard is serialised by hand (8-byte header length, JSON header, raw tensor byt
   the shard (`safetensors.torch.save` builds the whole file as one `bytes` object first);
 - the sha256 is computed while writing, without reading the file back;
 - the file is written as `.NAME.partial`, fsynced, then renamed: a crash or a full disk never
-  leaves a file that looks finished.
+  leaves a file that looks finished;
+- file writes and hashing run on a background thread (both release the GIL), so the producer
+  converts the next tensor meanwhile; the bytes waiting for that thread are bounded.
 The format follows the safetensors spec (https://github.com/huggingface/safetensors#format):
 little-endian u64 header size, JSON header padded with spaces to a multiple of 8, data offsets
 relative to the end of the header and contiguous.
@@ -18,6 +20,9 @@ import hashlib
 import json
 import os
 import struct
+import threading
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
@@ -34,6 +39,11 @@ _HEADER_ALIGNMENT = 8
 _TORCH_TO_SAFETENSORS = {dtype: name for name, dtype in SAFETENSORS_DTYPES.items()}
 # Write tensors in slices of this many bytes so a huge tensor never needs a second full copy.
 _WRITE_CHUNK_BYTES = 64 * 1024 * 1024
+# Bytes queued for the background writer before the producer waits (one larger item is always allowed):
+# enough to overlap a scale group's outputs with the next group's compute, small next to a shard.
+WRITE_QUEUE_BYTES = 16 * 1024 * 1024
+# Pass-through tensors are copied file to file through reusable buffers of this size (`write_from`).
+COPY_CHUNK_BYTES = 8 * 1024 * 1024
 
 
 def partial_path(final: Path) -> Path:
@@ -141,9 +151,21 @@ class StreamingShardWriter:
     The header (names, dtypes, shapes, offsets) is written first from `specs`; each `write` must then
     deliver the next tensor of `specs`, whose bytes go straight to `.NAME.partial` and into the sha256.
     `commit` fsyncs and renames; leaving the `with` block without committing removes the partial file.
+
+    With `background=True` (default) a thread does the file writes and hashing in submission order;
+    `write` returns once the tensor is queued (it keeps a reference, so the caller may drop its own) and
+    waits while more than `max_pending_bytes` are queued. `pending_bytes` is what the queue holds now.
     """
 
-    def __init__(self, path: str | Path, specs: list[TensorSpec], metadata: dict[str, str] | None = None):
+    def __init__(
+        self,
+        path: str | Path,
+        specs: list[TensorSpec],
+        metadata: dict[str, str] | None = None,
+        *,
+        background: bool = True,
+        max_pending_bytes: int = WRITE_QUEUE_BYTES,
+    ):
         self.path = Path(path)
         self._specs = list(specs)
         if len({s.name for s in self._specs}) != len(self._specs):
@@ -153,42 +175,137 @@ class StreamingShardWriter:
         self._digest = hashlib.sha256()
         self._bytes = 0
         self._committed = False
+        self._max_pending = max_pending_bytes
+        self._queue: deque[tuple[memoryview, object]] = deque()
+        self._pending = 0
+        self._error: OSError | None = None
+        self._closing = False
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._pool: list[bytearray] = []  # reusable copy buffers for write_from
         head = _encode_header(self._specs, {"format": "pt", **(metadata or {})})
         try:
             self._f = self._tmp.open("wb")
-            self._emit(memoryview(head))
+            self._sink(memoryview(head))
         except OSError as e:
             self.abort()
             raise _write_failure(e, self.path) from None
+        if background:
+            self._thread = threading.Thread(target=self._drain, name=f"write-{self.path.name}", daemon=True)
+            self._thread.start()
 
-    def _emit(self, chunk: memoryview) -> None:
+    @property
+    def pending_bytes(self) -> int:
+        return self._pending
+
+    def _sink(self, chunk: memoryview) -> None:
         self._f.write(chunk)
         self._digest.update(chunk)
         self._bytes += len(chunk)
 
-    def write(self, name: str, tensor: torch.Tensor) -> None:
+    def _drain(self) -> None:
+        """Background thread: write and hash queued chunks in order until closed."""
+        while True:
+            with self._cond:
+                while not self._queue and not self._closing:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                chunk, owner = self._queue[0]
+            try:
+                if self._error is None:
+                    self._sink(chunk)
+            except OSError as e:
+                self._error = e
+            with self._cond:
+                self._queue.popleft()
+                self._pending -= len(chunk)
+                if isinstance(owner, bytearray) and len(owner) == COPY_CHUNK_BYTES:
+                    self._pool.append(owner)
+                self._cond.notify_all()
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            error = self._error
+            self.abort()
+            raise _write_failure(error, self.path) from None
+
+    def _emit(self, chunk: memoryview, owner: object) -> None:
+        """Queue `chunk` (kept alive by `owner`), or write it now without a background thread."""
+        if self._thread is None:
+            try:
+                self._sink(chunk)
+            except OSError as e:
+                self.abort()
+                raise _write_failure(e, self.path) from None
+            if isinstance(owner, bytearray) and len(owner) == COPY_CHUNK_BYTES:
+                self._pool.append(owner)
+            return
+        with self._cond:
+            while self._pending and self._pending + len(chunk) > self._max_pending and self._error is None:
+                self._cond.wait()
+            if self._error is None:
+                self._queue.append((chunk, owner))
+                self._pending += len(chunk)
+                self._cond.notify_all()
+        self._raise_if_failed()  # outside the lock: abort() joins the thread, which needs it
+
+    def _take_spec(self, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> TensorSpec:
         if self._next >= len(self._specs):
             raise ValueError(f"tensor {name}: {self.path.name} expected no more tensors")
         spec = self._specs[self._next]
-        if name != spec.name or tensor.dtype != spec.dtype or tuple(tensor.shape) != spec.shape:
+        if name != spec.name or dtype != spec.dtype or tuple(shape) != spec.shape:
             raise ValueError(
-                f"tensor {name} {tensor.dtype} {list(tensor.shape)}: {self.path.name} expected "
+                f"tensor {name} {dtype} {list(shape)}: {self.path.name} expected "
                 f"{spec.name} {spec.dtype} {list(spec.shape)} next"
             )
+        return spec
+
+    def write(self, name: str, tensor: torch.Tensor) -> None:
+        self._take_spec(name, tensor.dtype, tuple(tensor.shape))
         data = _tensor_bytes(tensor if tensor.device.type == "cpu" else tensor.cpu())
-        try:
-            for start in range(0, data.numel(), _WRITE_CHUNK_BYTES):
-                self._emit(memoryview(data[start : start + _WRITE_CHUNK_BYTES].numpy()))
-        except OSError as e:
-            self.abort()
-            raise _write_failure(e, self.path) from None
+        for start in range(0, data.numel(), _WRITE_CHUNK_BYTES):
+            part = data[start : start + _WRITE_CHUNK_BYTES]
+            self._emit(memoryview(part.numpy()), part)
         self._next += 1
+
+    def write_from(
+        self, name: str, dtype: torch.dtype, shape: tuple[int, ...], fill: Callable[[int, memoryview], None]
+    ) -> None:
+        """Write the next tensor from a byte source: `fill(offset, view)` fills `view` with its bytes from
+        `offset` (e.g. `ShardFile.read_range`). Copies through at most a few reusable buffers, so a
+        pass-through tensor of any size never exists whole in memory."""
+        spec = self._take_spec(name, dtype, shape)
+        total = spec.nbytes
+        for offset in range(0, total, COPY_CHUNK_BYTES):
+            size = min(COPY_CHUNK_BYTES, total - offset)
+            if size < COPY_CHUNK_BYTES:
+                buffer = bytearray(size)  # a small tensor (or the tail): no need for a full buffer
+            else:
+                with self._cond:
+                    buffer = self._pool.pop() if self._pool else bytearray(COPY_CHUNK_BYTES)
+            view = memoryview(buffer)[:size]
+            fill(offset, view)
+            self._emit(view, buffer)
+        self._next += 1
+
+    def _stop_thread(self) -> None:
+        if self._thread is None:
+            return
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+        self._thread = None
 
     def commit(self) -> WrittenShard:
         if self._next != len(self._specs):
             missing = self._specs[self._next].name
             self.abort()
             raise ValueError(f"{self.path.name}: tensor {missing} was never written")
+        self._stop_thread()  # writes everything queued
+        self._raise_if_failed()
         try:
             self._f.flush()
             os.fsync(self._f.fileno())
@@ -202,6 +319,9 @@ class StreamingShardWriter:
 
     def abort(self) -> None:
         """Close and remove the partial file (idempotent)."""
+        if getattr(self, "_thread", None) is not None:
+            self._error = self._error or OSError("aborted")  # the thread drops what is still queued
+            self._stop_thread()
         f = getattr(self, "_f", None)
         if f is not None and not f.closed:
             f.close()

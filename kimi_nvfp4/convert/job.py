@@ -1,15 +1,17 @@
 """Convert one source shard into one output shard.
 
 The output layout is fixed by the plan, so the header is written first and every tensor streams to
-disk as soon as it exists: a job holds one pass-through tensor, or one scale group's INT4 inputs and
-NVFP4 outputs, never the shard. Source tensors are read with plain `readinto` (no mmap) and files
-close when the job ends. `peak_tensor_bytes` reports the most tensor bytes the job held at once
+disk as soon as it exists: pass-through tensors are copied file to file in chunks through reusable
+buffers, and a job holds one scale group's INT4 inputs and NVFP4 outputs, never the shard. Writing and
+hashing run on the writer's background thread, overlapping the next group's compute (bounded queue).
+Source tensors are read with plain `readinto` (no mmap) and files close when the job ends. `peak_tensor_bytes` reports the most tensor bytes the job held at once
 (numerics temporaries aside), so tests and benchmarks can check the bound.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,10 +21,13 @@ from typing import Any
 import torch
 
 from ..checkpoint.tensor_io import ShardFiles
-from ..checkpoint.writer import StreamingShardWriter, WrittenShard
+from ..checkpoint.writer import COPY_CHUNK_BYTES, WRITE_QUEUE_BYTES, StreamingShardWriter, WrittenShard
 from ..errors import CheckpointError
 from ..numerics.methods import Int4Matrix, ScaleMethod, error_stats, quantize_int4_matrices
 from .plan import ExpertMatrix, ShardJob
+
+
+_QUEUE_SHARD_FRACTION = 4
 
 
 @dataclass
@@ -85,6 +90,18 @@ def run_shard_job(
         )
 
 
+def _to_host(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """CPU copies of `tensors`: asynchronous copies into page-locked buffers, then ONE wait on the job's
+    stream (instead of a synchronising `.cpu()` per tensor)."""
+    if all(t.device.type == "cpu" for t in tensors):
+        return tensors
+    host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
+    for dst, src in zip(host, tensors):
+        dst.copy_(src, non_blocking=True)
+    torch.cuda.current_stream(tensors[0].device).synchronize()
+    return host
+
+
 def _run(
     job: ShardJob,
     source_root: Path,
@@ -99,38 +116,50 @@ def _run(
     peak = _PeakCounter()
     stats: dict[str, dict[str, Any]] = {}
     matrices = 0
-    with ShardFiles(source_root) as files, StreamingShardWriter(output_dir / job.file, job.output_specs()) as writer:
+    # INT4 inputs are read into page-locked memory on CUDA so their copies to the device are asynchronous.
+    pin = device.type == "cuda"
+    # The write queue never holds more than a quarter of the shard (16 MB for real shards).
+    queue_bytes = min(WRITE_QUEUE_BYTES, job.output_bytes // _QUEUE_SHARD_FRACTION)
+    with (
+        ShardFiles(source_root) as files,
+        StreamingShardWriter(output_dir / job.file, job.output_specs(), max_pending_bytes=queue_bytes) as writer,
+    ):
         for info in job.passthrough:
-            tensor = files.read(info.file, info.name)
-            peak.observe(_nbytes(tensor))
-            writer.write(info.name, tensor)
-            del tensor
+            # Copied file to file through the writer's reusable buffers: bytes only, never a whole tensor.
+            shard = files.shard(info.file)
+            writer.write_from(info.name, info.dtype, tuple(info.shape), functools.partial(shard.read_range, info.name))
+            peak.observe(writer.pending_bytes + min(info.nbytes, COPY_CHUNK_BYTES))
             if on_progress:
                 on_progress(info.nbytes)
         for group in job.groups:
             inputs = []
-            held = 0
+            held = writer.pending_bytes
             for m in group.matrices:
-                packed = files.read(m.packed.file, m.packed.name)
-                scale = files.read(m.scale.file, m.scale.name)
+                packed = files.read(m.packed.file, m.packed.name, pin_memory=pin)
+                scale = files.read(m.scale.file, m.scale.name, pin_memory=pin)
                 check_group_scale(scale, m)
                 held += _nbytes(packed) + _nbytes(scale)
-                inputs.append(Int4Matrix.from_packed(packed.to(device), scale.to(device), m.in_features))
+                # The packed int32 words travel, not unpacked codes; unpacking runs on the device.
+                inputs.append(
+                    Int4Matrix.from_packed(
+                        packed.to(device, non_blocking=True), scale.to(device, non_blocking=True), m.in_features
+                    )
+                )
             outputs = quantize_int4_matrices(inputs, method)
             held += sum(_nbytes(q.weight) + _nbytes(q.weight_scale) for q in outputs)
             peak.observe(held)
-            for m, source, q in zip(group.matrices, inputs, outputs):
-                if not job.writes(m):
-                    continue  # a partner from another shard: converted here only for the shared scale
+            mine = [(m, source, q) for m, source, q in zip(group.matrices, inputs, outputs) if job.writes(m)]
+            # (a partner from another shard is converted here only for the shared scale)
+            host = iter(_to_host([t for _, _, q in mine for t in (q.weight, q.weight_scale, q.weight_scale_2)]))
+            for m, source, q in mine:
                 if record_stats:
                     stats[m.module] = error_stats(source, q).to_dict()
-                writer.write(f"{m.module}.weight", q.weight.cpu())
-                writer.write(f"{m.module}.weight_scale", q.weight_scale.cpu())
-                writer.write(f"{m.module}.weight_scale_2", q.weight_scale_2.cpu())
+                for suffix in ("weight", "weight_scale", "weight_scale_2"):
+                    writer.write(f"{m.module}.{suffix}", next(host))
                 matrices += 1
                 if on_progress:
                     on_progress(m.int4_bytes)
-            del inputs, outputs
+            del inputs, outputs, mine, host
         written = writer.commit()
     return ShardResult(
         written=written,

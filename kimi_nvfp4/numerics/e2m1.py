@@ -66,16 +66,31 @@ def _table(name: str, device: torch.device) -> torch.Tensor:
     return _table_cache[key]
 
 
+# The same bounds as Python floats (exact fp32 values), for scalar comparisons.
+_DECISION_BOUNDS = tuple(_decision_bounds().tolist())
+_LARGEST_MAGNITUDE_INDEX = len(E2M1_MAGNITUDES) - 1
+
+
 def _magnitude_index(magnitude: torch.Tensor) -> torch.Tensor:
-    return torch.searchsorted(_table("bounds", magnitude.device), magnitude.contiguous(), out_int32=True)
+    """uint8 index of the E2M1 magnitude; the same as `searchsorted(bounds, magnitude)`.
+
+    searchsorted(left) counts the bounds strictly below x; we count the bounds at or above x and
+    subtract from 7, which also sends NaN (no comparison holds) to 7 as searchsorted does. Seven
+    comparisons and byte additions stream through memory ~5x faster than searchsorted on CPU, and
+    are plain elementwise kernels on CUDA.
+    """
+    not_below = torch.le(magnitude, _DECISION_BOUNDS[0]).view(torch.uint8)  # fresh tensor: safe to add into
+    for bound in _DECISION_BOUNDS[1:]:
+        not_below.add_(torch.le(magnitude, bound).view(torch.uint8))
+    return torch.rsub(not_below, _LARGEST_MAGNITUDE_INDEX)
 
 
 def encode_e2m1(x: torch.Tensor) -> torch.Tensor:
     """fp32 values (already divided by their scale) -> uint8 E2M1 codes, one per element."""
     if x.dtype != torch.float32:
         raise ValueError(f"encode_e2m1 expects float32 input, got {x.dtype}")
-    sign = (x < 0).to(torch.uint8)
-    return (sign << 3) | _magnitude_index(x.abs()).to(torch.uint8)
+    codes = _magnitude_index(x.abs())
+    return codes.bitwise_or_(torch.lt(x, 0).view(torch.uint8) << 3)
 
 
 # fp32 bit layout: 23 mantissa bits under the biased exponent.
@@ -104,7 +119,9 @@ def decode_e2m1(codes: torch.Tensor) -> torch.Tensor:
     """uint8 E2M1 codes -> fp32 values."""
     if codes.dtype != torch.uint8:
         raise ValueError(f"decode_e2m1 expects uint8 codes, got {codes.dtype}")
-    return _table("values", codes.device)[codes.long() & _NIBBLE_MASK]
+    # index_select takes an int32 index as is (plain indexing would widen it to int64 first).
+    index = (codes & _NIBBLE_MASK).to(torch.int32)
+    return torch.index_select(_table("values", codes.device), 0, index.reshape(-1)).view(codes.shape)
 
 
 def pack_e2m1(codes: torch.Tensor) -> torch.Tensor:

@@ -120,3 +120,30 @@ def test_magnitude_histogram_counts_absolute_codes():
 
     codes = torch.tensor([[-8, 7, -7, 0, 1, 1, -1, 2, 3, 4, 5, 6, -6, 0, 0, 0]], dtype=torch.int8)
     assert magnitude_histogram(codes).flatten().tolist() == [3.0, 1.0, 1.0, 1.0, 1.0, 2.0, 2.0, 1.0]
+
+
+def test_comparison_encode_matches_model_optimizer_and_searchsorted_on_hard_inputs():
+    """The comparison-count encoder equals `_cast_fp4` and the searchsorted form on every hard input:
+    300 ulps around every bound and grid point, both signs, zeros, subnormals, huge values, inf, NaN."""
+    from modelopt.torch.quantization.qtensor.nvfp4_tensor import NVFP4QTensor
+
+    from kimi_nvfp4.numerics.e2m1 import _decision_bounds
+
+    gen = torch.Generator().manual_seed(2)
+    points = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0])
+    ulps = torch.arange(-300, 301, dtype=torch.int32)
+    near = (points.view(torch.int32).unsqueeze(-1) + ulps).view(torch.float32).flatten()
+    special = torch.tensor([0.0, -0.0, 1e-45, -1e-45, 1e-40, 3.4e38, float("inf"), -float("inf")])
+    x = torch.cat([near, -near, special, torch.randn(50000, generator=gen) * 4])
+    assert torch.equal(encode_e2m1(x), NVFP4QTensor._cast_fp4(x.clone()))
+    magnitude = torch.searchsorted(_decision_bounds(), x.abs(), out_int32=True).to(torch.uint8)
+    assert torch.equal(encode_e2m1(x), ((x < 0).to(torch.uint8) << 3) | magnitude)
+    nan = torch.tensor([float("nan"), -float("nan")])
+    reference = torch.searchsorted(_decision_bounds(), nan.abs(), out_int32=True).to(torch.uint8)
+    assert torch.equal(encode_e2m1(nan), reference)  # NaN counts as above every bound, as in searchsorted
+
+
+def test_decode_keeps_shape_and_ignores_high_bits():
+    codes = torch.arange(32, dtype=torch.uint8).reshape(2, 4, 4)
+    assert torch.equal(decode_e2m1(codes), E2M1_VALUES[(codes & 0xF).long()])
+    assert decode_e2m1(torch.empty(0, 3, dtype=torch.uint8)).shape == (0, 3)

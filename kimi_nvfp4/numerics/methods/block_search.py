@@ -129,12 +129,10 @@ class ErrorTable:
             part = self.scales[start : start + _TABLE_SCALES_PER_STEP]
             candidate = bits.unsqueeze(-1).expand(-1, part.numel())
             columns.append(_squared_errors(part, candidate, weight_scale_2))  # [126, 8, U]
-        self.table = torch.cat(columns, dim=-1).contiguous()
-        self._stride_k = distinct
-        self._stride_bits = len(MAGNITUDES) * distinct
-        self._k_offsets = (torch.arange(len(MAGNITUDES), dtype=torch.int32, device=group_scale.device) * distinct).view(
-            1, -1, 1
-        )
+        # Rows (bits, scale), the 8 magnitudes contiguous: one block's errors under one candidate are one
+        # 32-byte row, so `errors` gathers C*B rows instead of C*8*B scattered floats.
+        self.table = torch.cat(columns, dim=-1).permute(0, 2, 1).reshape(-1, len(MAGNITUDES)).contiguous()
+        self._rows_per_bits = distinct
 
     def block_scale_index(self, row_start: int, row_stop: int) -> torch.Tensor:
         """Index of each block's group scale in the table, `[B]` for rows [row_start, row_stop)."""
@@ -142,9 +140,15 @@ class ErrorTable:
         return rows.repeat_interleave(_BLOCKS_PER_GROUP, dim=1).reshape(-1)
 
     def errors(self, histogram: torch.Tensor, scale_index: torch.Tensor, candidate_bits: torch.Tensor) -> torch.Tensor:
-        """Squared error `[C, B]`; bit-identical to `candidate_errors` for the same blocks and candidates."""
-        base = (candidate_bits.to(torch.int32) - E4M3_MIN_POSITIVE_BITS) * self._stride_bits + scale_index
-        index = base.unsqueeze(1) + self._k_offsets  # [C, 8, B]
+        """Squared error `[C, B]`; bit-identical to `candidate_errors` for the same blocks and candidates.
+
+        The products and the pairwise sum over k are the same fp32 operations in the same order as
+        `pairwise_sum_dim1` over `[C, 8, B]`, only with k as the last (contiguous) dimension.
+        """
+        rows = (candidate_bits.to(torch.int32) - E4M3_MIN_POSITIVE_BITS) * self._rows_per_bits + scale_index
         # index_select takes the int32 index as is (plain indexing would first widen it to int64).
-        squared = torch.index_select(self.table.view(-1), 0, index.reshape(-1)).view(index.shape)
-        return pairwise_sum_dim1(squared * histogram.unsqueeze(0))
+        squared = torch.index_select(self.table, 0, rows.reshape(-1)).view(*rows.shape, len(MAGNITUDES))
+        weighted = squared * histogram.t().unsqueeze(0)  # [C, B, 8]
+        while weighted.shape[-1] > 1:
+            weighted = weighted[..., 0::2] + weighted[..., 1::2]
+        return weighted[..., 0]

@@ -8,7 +8,7 @@ from enum import Enum
 import torch
 
 from ..constants import INT4_GROUP_SIZE, INT4_MAX, INT4_MIN, NVFP4_BLOCK_SIZE
-from ..int4 import group_scales_fp32, unpack_int4
+from ..int4 import unpack_int4
 
 __all__ = ["Int4Matrix", "ScaleMethod"]
 
@@ -61,7 +61,10 @@ class Int4Matrix:
 
     def values(self) -> torch.Tensor:
         """float32 `[out, in]`; exact (4-bit code times bf16 scale)."""
-        return self.codes.to(torch.float32) * group_scales_fp32(self.group_scale, self.codes.shape[1])
+        rows, in_features = self.codes.shape
+        # Broadcast each group's scale over its 32 codes instead of materialising [out, in] scales.
+        groups = self.codes.reshape(rows, in_features // INT4_GROUP_SIZE, INT4_GROUP_SIZE).to(torch.float32)
+        return (groups * self.group_scale.unsqueeze(-1)).reshape(rows, in_features)
 
     def amax(self) -> torch.Tensor:
         """max |W| as float32 0-d, from the group scales and the largest |code| per group."""
