@@ -152,6 +152,15 @@ def check_publishable(
     root = Path(folder)
     manifest = load_manifest(root)
     count, total = check_shards(root, manifest, workers=workers, progress=progress)
+    calibrate = manifest.stages.get("calibrate")
+    if calibrate is None or not calibrate.complete:
+        # Not overridable: SGLang allocates expert input scales with torch.empty
+        # (srt/layers/quantization/modelopt_quant.py, ModelOptNvFp4FusedMoEMethod.create_weights), so a
+        # checkpoint without them serves W4A4 with uninitialised scales instead of failing to load.
+        raise GateFailure(
+            f"{root}: not calibrated (no complete stages.calibrate in the manifest): W4A4 kernels need input_scale; "
+            "run `kimi-nvfp4 calibrate` first"
+        )
     passed, source = find_validation_verdict(root, manifest, Path(report_dir) if report_dir else None)
     notes = []
     if passed is not True:

@@ -126,3 +126,12 @@ def test_force_never_overrides_a_corrupt_shard(publishable):
     shard.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match="sha256"):
         check_publishable(publishable, force_unvalidated=True, progress=False)
+
+
+def test_uncalibrated_checkpoint_is_refused_even_when_forced(publishable):
+    """SGLang would serve uninitialised input scales, so --force-unvalidated does not cover this."""
+    manifest = load_manifest(publishable)
+    del manifest.stages["calibrate"]
+    save_manifest(publishable, manifest)
+    with pytest.raises(GateFailure, match="not calibrated"):
+        check_publishable(publishable, force_unvalidated=True, progress=False)
