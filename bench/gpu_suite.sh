@@ -32,12 +32,13 @@ case $part in
       --mode int4 --mode nvfp4-w4a4 --mode nvfp4-w4a16 --json "$out/model_layer.json"
     ;;
   final)
-    step gpu_tests 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/numerics tests/convert
-    step scale_methods 90 python3 bench/bench_scale_methods.py --device cuda --experts 8 --json "$out/scale_methods.json"
-    step convert 150 python3 bench/bench_convert.py --device cuda --skip-peer --work /tmp/bench_convert --experts ${CONVERT_EXPERTS:-32} --workers 4 --method amax --method int4-aware --also-no-stats
-    step calibrate 120 python3 bench/bench_calibrate.py --device cuda --work-dir /tmp/kimi_bench --json /tmp/calibrate.json \
+    # Ordered by priority, sized to fit one short lease.
+    step gpu_tests 100 python3 -m pytest -q -p no:cacheprovider -m gpu tests/numerics tests/convert
+    step scale_methods 60 python3 bench/bench_scale_methods.py --device cuda --experts 4 --json "$out/scale_methods.json"
+    step convert 110 python3 bench/bench_convert.py --device cuda --skip-peer --work /tmp/bench_convert --experts ${CONVERT_EXPERTS:-32} --workers 4 --method amax --method int4-aware --also-no-stats
+    step calibrate 70 python3 bench/bench_calibrate.py --device cuda --work-dir /tmp/kimi_bench --json /tmp/calibrate.json \
       --layers 2 --experts 32 --vocab-size 16384 --samples 64 --seq-len 2048
-    step validate 90 python3 bench/bench_validate.py --device cuda --work-dir /tmp/kimi_bench --json /tmp/validate.json \
+    step validate 50 python3 bench/bench_validate.py --device cuda --work-dir /tmp/kimi_bench --json /tmp/validate.json \
       --layers 2 --experts 32 --vocab-size 16384 --samples 16 --seq-len 2048
     ;;
   stages)

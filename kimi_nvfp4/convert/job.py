@@ -21,11 +21,20 @@ from typing import Any
 import torch
 
 from ..checkpoint.tensor_io import ShardFiles
-from ..checkpoint.writer import COPY_CHUNK_BYTES, WRITE_QUEUE_BYTES, StreamingShardWriter, WrittenShard
+from ..checkpoint.writer import (
+    COPY_CHUNK_BYTES,
+    WRITE_QUEUE_BYTES,
+    StreamingShardWriter,
+    WrittenShard,
+)
 from ..errors import CheckpointError
-from ..numerics.methods import Int4Matrix, ScaleMethod, error_stats, quantize_int4_matrices
+from ..numerics.methods import (
+    Int4Matrix,
+    ScaleMethod,
+    error_stats,
+    quantize_int4_matrices,
+)
 from .plan import ExpertMatrix, ShardJob
-
 
 _QUEUE_SHARD_FRACTION = 4
 
@@ -79,10 +88,10 @@ def run_shard_job(
     """Write `output_dir/job.file` (atomically). `on_progress(bytes)` is called as input is consumed.
 
     `record_stats`: compare every converted matrix with its exact INT4 values (`error_stats`); it does
-    not change the output bytes and costs about as much as `--method amax` itself on CPU.
+    not change the output bytes (it reads the outputs after they are final).
     """
     # One CUDA stream per job so concurrent workers' kernels and copies overlap instead of queueing on the
-    # default stream; `.cpu()` synchronises the job's own stream before the bytes are written.
+    # default stream; `_to_host` waits on the job's own stream once per scale group before bytes are written.
     stream = torch.cuda.Stream(device) if device.type == "cuda" else None
     with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
         return _run(

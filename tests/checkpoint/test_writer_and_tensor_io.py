@@ -108,3 +108,63 @@ def test_shard_file_detects_truncation(tmp_path):
     path.write_bytes(path.read_bytes()[:-8])
     with ShardFile(path) as shard, pytest.raises(CheckpointError, match="truncated"):
         shard.read("x")
+
+
+def _specs(tensors):
+    from kimi_nvfp4.checkpoint.writer import TensorSpec
+
+    return [TensorSpec(n, t.dtype, tuple(t.shape)) for n, t in tensors.items()]
+
+
+@pytest.mark.parametrize("background", [True, False], ids=["background", "inline"])
+def test_streaming_copy_through_small_buffers_gives_the_same_bytes(tmp_path, monkeypatch, background):
+    """write_from copies a tensor file to file in chunks (reused buffers); bytes and hash equal write()."""
+    import kimi_nvfp4.checkpoint.writer as writer_module
+    from kimi_nvfp4.checkpoint.writer import StreamingShardWriter
+
+    monkeypatch.setattr(writer_module, "COPY_CHUNK_BYTES", 24)  # many chunks, a partial tail
+    src = tmp_path / "src.safetensors"
+    save_file(TENSORS, str(src))
+    names = sorted(TENSORS)
+    with StreamingShardWriter(tmp_path / "a.safetensors", _specs({n: TENSORS[n] for n in names})) as w:
+        for n in names:
+            w.write(n, TENSORS[n])
+        expected = w.commit()
+    with ShardFile(src) as shard, StreamingShardWriter(
+        tmp_path / "b.safetensors", _specs({n: TENSORS[n] for n in names}), background=background, max_pending_bytes=48
+    ) as w:
+        for n in names:
+            t = TENSORS[n]
+            w.write_from(n, t.dtype, tuple(t.shape), lambda offset, view, n=n: shard.read_range(n, offset, view))
+            assert w.pending_bytes <= 48 + 24
+        got = w.commit()
+    assert got.sha256 == expected.sha256 == hashlib.sha256((tmp_path / "b.safetensors").read_bytes()).hexdigest()
+
+
+def test_background_write_failure_surfaces_and_removes_the_partial_file(tmp_path, monkeypatch):
+    import kimi_nvfp4.checkpoint.writer as writer_module
+    from kimi_nvfp4.checkpoint.writer import StreamingShardWriter
+
+    tensors = {"a": torch.zeros(1000), "b": torch.ones(1000)}
+    w = StreamingShardWriter(tmp_path / "s.safetensors", _specs(tensors), max_pending_bytes=16)
+
+    def no_space(self, chunk):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(writer_module.StreamingShardWriter, "_sink", no_space)
+    with pytest.raises(OutputError, match="disk full"):
+        w.write("a", tensors["a"])
+        w.write("b", tensors["b"])
+        w.commit()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_read_range_rejects_bytes_outside_the_tensor(tmp_path):
+    path = tmp_path / "s.safetensors"
+    save_file({"x": torch.arange(4, dtype=torch.float32)}, str(path))
+    with ShardFile(path) as shard:
+        view = memoryview(bytearray(8))
+        shard.read_range("x", 8, view)
+        assert bytes(view) == torch.tensor([2.0, 3.0]).numpy().tobytes()
+        with pytest.raises(ValueError, match="outside"):
+            shard.read_range("x", 12, view)

@@ -61,3 +61,17 @@ def test_rejects_bad_input():
         unpack_int4(torch.zeros(2, 2, dtype=torch.int32), 40)
     with pytest.raises(ValueError):
         pack_int4(torch.full((1, 8), 8, dtype=torch.int8))
+
+
+def test_byte_wise_unpack_equals_unpack_int4_for_every_nibble_pattern():
+    from kimi_nvfp4.numerics.methods.types import unpack_int4_bytes
+
+    gen = torch.Generator().manual_seed(3)
+    words = torch.randint(-(2**31), 2**31 - 1, (33, 16), dtype=torch.int32, generator=gen)
+    words[0] = torch.tensor([-1, 0, 2**31 - 1, -(2**31)] * 4, dtype=torch.int32)  # all-ones, zero, sign bit
+    got = unpack_int4_bytes(words, 128)
+    assert got.dtype == torch.int8 and torch.equal(got, unpack_int4(words, 128))
+    # Widths that are not whole words fall back to (and validate like) unpack_int4.
+    assert torch.equal(unpack_int4_bytes(words, 127), unpack_int4(words, 127))
+    with pytest.raises(ValueError):
+        unpack_int4_bytes(words, 200)

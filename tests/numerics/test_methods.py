@@ -209,3 +209,34 @@ def test_never_worse_than_amax_on_random_matrices(seed, scale_spread, max_code, 
     for method in (ScaleMethod.INT4_AWARE, ScaleMethod.SWEEP):
         (q,) = quantize_int4_matrices([m], method)
         assert error_stats(m, q).sum_squared_error <= baseline * (1 + 1e-6)
+
+
+def test_distinct_sorted_equals_torch_unique_for_bf16_scales_and_falls_back_otherwise():
+    from kimi_nvfp4.numerics.methods.block_search import distinct_sorted
+
+    gen = torch.Generator().manual_seed(4)
+    bf16 = (torch.rand(300, 7, generator=gen) * 3).to(torch.bfloat16).to(torch.float32)
+    bf16[0, :3] = torch.tensor([0.0, 2.0**-133, 3.0e38]).to(torch.bfloat16).to(torch.float32)  # zero, subnormal, huge
+    not_bf16 = torch.rand(50, generator=gen) + 1e-3
+    with_inf = torch.tensor([1.0, float("inf"), 0.5])
+    for values in (bf16, not_bf16, with_inf):
+        distinct, inverse = distinct_sorted(values)
+        ref_distinct, ref_inverse = torch.unique(values.reshape(-1), sorted=True, return_inverse=True)
+        assert torch.equal(distinct, ref_distinct)
+        assert inverse.dtype == torch.int32 and torch.equal(inverse.long(), ref_inverse)
+
+
+def test_error_stats_over_several_row_chunks_match_a_direct_computation():
+    from kimi_nvfp4.numerics.methods import error_stats
+    from kimi_nvfp4.numerics.methods.stats import _STATS_ROW_CHUNK
+    from kimi_nvfp4.numerics.nvfp4 import dequantize_nvfp4
+
+    m = realistic_int4(2 * _STATS_ROW_CHUNK + 3, 64, seed=5)
+    q = quantize_int4_matrices([m], ScaleMethod.AMAX)[0]
+    diff = (dequantize_nvfp4(q) - m.values()).double()
+    s = error_stats(m, q)
+    assert s.numel == m.codes.numel()
+    assert s.exact_fraction == float((diff == 0).sum()) / diff.numel()
+    assert s.max_abs_error == float(diff.abs().max())
+    assert s.sum_squared_error == pytest.approx(float(diff.square().sum()), rel=1e-12)
+    assert s.sum_squares == pytest.approx(float(m.values().double().square().sum()), rel=1e-12)

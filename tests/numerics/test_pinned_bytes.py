@@ -58,3 +58,13 @@ def digest(method: ScaleMethod, groups: list[list[Int4Matrix]]) -> str:
 @pytest.mark.parametrize("method", list(ScaleMethod), ids=lambda m: m.value)
 def test_quantize_int4_matrices_bytes_are_pinned(method):
     assert digest(method, scale_groups()) == PINNED_SHA256[method]
+
+
+@pytest.mark.parametrize("method", list(ScaleMethod), ids=lambda m: m.value)
+def test_row_steps_do_not_change_the_bytes(method, monkeypatch):
+    """Many small steps (as for K2.6-sized matrices) give the pinned bytes of one big step."""
+    import kimi_nvfp4.numerics.methods.quantize as quantize_module
+
+    monkeypatch.setattr(quantize_module, "_ENCODE_STEP_ELEMENTS", {"cpu": 7 * 1024})
+    monkeypatch.setattr(quantize_module, "_WORK_ELEMENTS", {"cpu": 5 * 64 * 126 * 8})
+    assert digest(method, scale_groups()) == PINNED_SHA256[method]

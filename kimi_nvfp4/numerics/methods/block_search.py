@@ -29,6 +29,7 @@ __all__ = [
     "ErrorTable",
     "block_max_code",
     "candidate_errors",
+    "distinct_sorted",
     "flat_blocks",
     "magnitude_histogram",
     "pairwise_sum_dim1",
@@ -62,7 +63,8 @@ def magnitude_histogram(block_codes: torch.Tensor) -> torch.Tensor:
     magnitude = block_codes.to(torch.int64).abs()
     counts = torch.zeros((block_codes.shape[0], len(MAGNITUDES) + 1), dtype=torch.int32, device=block_codes.device)
     counts.scatter_add_(-1, magnitude, torch.ones_like(magnitude, dtype=torch.int32))
-    return counts[:, 1:].t().contiguous().to(torch.float32)
+    # A [8, B] view of [B, 8] storage: `ErrorTable.errors` multiplies along the contiguous [B, 8] layout.
+    return counts[:, 1:].to(torch.float32).contiguous().t()
 
 
 def pairwise_sum_dim1(x: torch.Tensor) -> torch.Tensor:
@@ -110,6 +112,35 @@ def select_best(errors: torch.Tensor, candidate_bits: torch.Tensor) -> tuple[tor
     return best_bits, best_error
 
 
+# bf16 has 16 bits: the high half of an fp32 that holds a bf16 value. Non-negative ones are < 2**15.
+_BF16_SHIFT = 16
+_BF16_LOW_MASK = (1 << _BF16_SHIFT) - 1
+_NON_NEGATIVE_BF16_PATTERNS = 1 << 15
+
+
+def distinct_sorted(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`torch.unique(values, sorted=True, return_inverse=True)` for non-negative scales, inverse as int32.
+
+    Group scales are widened bf16, so there are at most 2**15 distinct non-negative finite values and
+    their bit patterns order like their values: a bincount over the patterns, a cumulative sum and a
+    gather replace unique's sort of every scale (the sort was ~10% of a CPU conversion). Anything else
+    (values that are not bf16, negative or non-finite) goes through `torch.unique`.
+    """
+    flat = values.reshape(-1)
+    bits = flat.view(torch.int32)
+    is_bf16 = flat.numel() > 0 and bool(
+        ((bits & _BF16_LOW_MASK) == 0).all() & (bits >= 0).all() & torch.isfinite(flat).all()
+    )
+    if not is_bf16:
+        distinct, inverse = torch.unique(flat, sorted=True, return_inverse=True)
+        return distinct, inverse.to(torch.int32)
+    patterns = bits >> _BF16_SHIFT
+    present = torch.bincount(patterns, minlength=_NON_NEGATIVE_BF16_PATTERNS) > 0
+    rank = (torch.cumsum(present, dim=0, dtype=torch.int32) - 1).to(torch.int32)
+    distinct = (torch.nonzero(present).reshape(-1).to(torch.int32) << _BF16_SHIFT).view(torch.float32)
+    return distinct, torch.index_select(rank, 0, patterns)
+
+
 class ErrorTable:
     """`err_k(s, b)` for every distinct group scale `s` of a matrix, every E4M3 scale `b` and k = 1..8.
 
@@ -119,9 +150,16 @@ class ErrorTable:
     same fp32 values `candidate_errors` computes, so both give bit-identical block errors.
     """
 
-    def __init__(self, group_scale: torch.Tensor, weight_scale_2: torch.Tensor):
-        self.scales, inverse = torch.unique(group_scale.abs().reshape(-1), sorted=True, return_inverse=True)
-        self.group_index = inverse.reshape(group_scale.shape).to(torch.int32)
+    def __init__(
+        self,
+        group_scale: torch.Tensor,
+        weight_scale_2: torch.Tensor,
+        distinct: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ):
+        """`distinct`: `distinct_sorted(group_scale.abs())` when the caller already has it (two tables of
+        one matrix under different tensor scales share it)."""
+        self.scales, inverse = distinct if distinct is not None else distinct_sorted(group_scale.abs())
+        self.group_index = inverse.reshape(group_scale.shape)
         distinct = self.scales.numel()
         bits = torch.arange(E4M3_MIN_POSITIVE_BITS, E4M3_MAX_BITS + 1, dtype=torch.uint8, device=group_scale.device)
         columns = []

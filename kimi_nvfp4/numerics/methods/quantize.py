@@ -30,6 +30,7 @@ from ..nvfp4 import (
 from .block_search import (
     ErrorTable,
     block_max_code,
+    distinct_sorted,
     flat_blocks,
     magnitude_histogram,
     select_best,
@@ -49,9 +50,18 @@ DEFAULT_METHOD = ScaleMethod.INT4_AWARE
 
 # Upper bound on elements of the largest temporary ([candidates, 8, blocks] fp32) per step:
 # 2**24 * 4 B = 64 MiB, so a [7168, 2048] matrix never needs 126x its size.
-_WORK_ELEMENTS = 1 << 24
-# Rows per step of the plain amax path (a few fp32 temporaries of rows x in).
-_AMAX_ROW_CHUNK = 2048
+# On CUDA 16x that (1 GiB), so a whole K2.6 expert matrix is one step: fewer launches, same choices
+# (blocks are independent; only the float64 error totals' summation order follows the steps).
+_WORK_ELEMENTS = {"cpu": 1 << 24, "cuda": 1 << 28}
+# Elements per step of the encode passes (a few fp32 temporaries of rows x in): 2048 rows of K2.6's
+# 7168-wide gate/up on CPU; 8x that on CUDA, where each step is a handful of kernel launches and
+# a [4096, 7168] gate+up stack then runs in one step. Rows are independent: bytes do not depend on it.
+_ENCODE_STEP_ELEMENTS = {"cpu": 2048 * 7168, "cuda": 8 * 2048 * 7168}
+
+
+def _row_step(m: Int4Matrix) -> int:
+    budget = _ENCODE_STEP_ELEMENTS.get(m.device.type, _ENCODE_STEP_ELEMENTS["cpu"])
+    return max(1, budget // max(1, m.shape[1]))
 _MAGNITUDE_CLASSES = 8
 # block_amax / 3.5 = 2 * s_group for a block whose largest |code| is 7 (SPEC §3).
 INT4_AWARE_HEADROOM = 3.5
@@ -104,13 +114,17 @@ def search_block_scales(
     out_features, in_features = m.shape
     blocks_per_row = in_features // NVFP4_BLOCK_SIZE
     candidates = E4M3_NUM_POSITIVE if method is ScaleMethod.SWEEP else INT4_AWARE_CANDIDATES
-    row_chunk = max(1, _WORK_ELEMENTS // max(1, blocks_per_row * candidates * _MAGNITUDE_CLASSES))
+    work = _WORK_ELEMENTS.get(m.device.type, _WORK_ELEMENTS["cpu"])
+    row_chunk = max(1, work // max(1, blocks_per_row * candidates * _MAGNITUDE_CLASSES))
     chosen = torch.empty((out_features * blocks_per_row,), dtype=torch.uint8, device=m.device)
     one = torch.tensor(ZERO_BLOCK_SCALE, dtype=torch.float8_e4m3fn, device=m.device).view(torch.uint8)
-    chosen_error = 0.0
-    baseline_error = 0.0
-    table = ErrorTable(m.group_scale, weight_scale_2)
-    baseline_table = ErrorTable(m.group_scale, baseline_scale_2) if baseline_scale_2 is not None else None
+    # Error totals accumulate on the device (float64 adds in chunk order, the same IEEE operations as
+    # adding Python floats) and are read back once, so a CUDA search does not wait on every chunk.
+    chosen_error = torch.zeros((), dtype=torch.float64, device=m.device)
+    baseline_error = torch.zeros((), dtype=torch.float64, device=m.device)
+    distinct = distinct_sorted(m.group_scale.abs())
+    table = ErrorTable(m.group_scale, weight_scale_2, distinct)
+    baseline_table = ErrorTable(m.group_scale, baseline_scale_2, distinct) if baseline_scale_2 is not None else None
     for start in range(0, out_features, row_chunk):
         stop = min(out_features, start + row_chunk)
         block_codes, block_scale = flat_blocks(m.codes[start:stop], m.group_scale[start:stop])
@@ -119,20 +133,22 @@ def search_block_scales(
         histogram = magnitude_histogram(block_codes)
         errors = table.errors(histogram, scale_index, bits)
         best, best_error = select_best(errors, bits)
-        chosen_error += float(best_error.double().sum())
+        chosen_error = chosen_error + best_error.double().sum()
         if baseline_table is not None:
             baseline_bits = amax_block_bits(block_codes, block_scale, baseline_scale_2)
-            baseline_error += float(baseline_table.errors(histogram, scale_index, baseline_bits).double().sum())
+            baseline_error = baseline_error + baseline_table.errors(histogram, scale_index, baseline_bits).double().sum()
         # An all-zero block is exact under any scale; keep Model Optimizer's 1.0 for it.
         zero = (histogram.sum(dim=0) == 0) | (block_scale == 0)
         chosen[start * blocks_per_row : stop * blocks_per_row] = torch.where(zero, one, best)
-    return e4m3_from_bits(chosen.reshape(out_features, blocks_per_row)), chosen_error, baseline_error
+    chosen_total, baseline_total = torch.stack([chosen_error, baseline_error]).tolist()
+    return e4m3_from_bits(chosen.reshape(out_features, blocks_per_row)), chosen_total, baseline_total
 
 
 def _encode_rows(m: Int4Matrix, block_scale: torch.Tensor, weight_scale_2: torch.Tensor) -> torch.Tensor:
     packed = torch.empty((m.shape[0], m.shape[1] // 2), dtype=torch.uint8, device=m.device)
-    for start in range(0, m.shape[0], _AMAX_ROW_CHUNK):
-        stop = min(m.shape[0], start + _AMAX_ROW_CHUNK)
+    step = _row_step(m)
+    for start in range(0, m.shape[0], step):
+        stop = min(m.shape[0], start + step)
         values = m.rows(start, stop).values()
         packed[start:stop] = pack_e2m1(encode_with_block_scales(values, block_scale[start:stop], weight_scale_2))
     return packed
@@ -140,11 +156,32 @@ def _encode_rows(m: Int4Matrix, block_scale: torch.Tensor, weight_scale_2: torch
 
 def _quantize_amax(m: Int4Matrix, weight_scale_2: torch.Tensor) -> NVFP4Tensor:
     weights, scales = [], []
-    for start in range(0, m.shape[0], _AMAX_ROW_CHUNK):
-        part = quantize_nvfp4(m.rows(start, start + _AMAX_ROW_CHUNK).values(), weight_scale_2=weight_scale_2)
+    step = _row_step(m)
+    for start in range(0, m.shape[0], step):
+        part = quantize_nvfp4(m.rows(start, start + step).values(), weight_scale_2=weight_scale_2)
         weights.append(part.weight)
         scales.append(part.weight_scale)
+    if len(weights) == 1:  # one step: no concatenation copy
+        return NVFP4Tensor(weights[0], scales[0], weight_scale_2)
     return NVFP4Tensor(torch.cat(weights), torch.cat(scales), weight_scale_2)
+
+
+def _quantize_amax_stacked(mats: Sequence[Int4Matrix], weight_scale_2: torch.Tensor) -> list[NVFP4Tensor]:
+    """`_quantize_amax` of each matrix, run once over the rows of all matrices of one input width.
+
+    With one shared weight_scale_2 every operation of the amax rule is row-local (block amax, block
+    scale, codes), so stacking rows gives the same bytes with half the kernel launches for gate+up.
+    """
+    if len(mats) == 1 or len({m.shape[1] for m in mats}) != 1:
+        return [_quantize_amax(m, weight_scale_2) for m in mats]
+    stacked = Int4Matrix(torch.cat([m.codes for m in mats]), torch.cat([m.group_scale for m in mats]))
+    whole = _quantize_amax(stacked, weight_scale_2)
+    out, start = [], 0
+    for m in mats:
+        stop = start + m.shape[0]
+        out.append(NVFP4Tensor(whole.weight[start:stop], whole.weight_scale[start:stop], weight_scale_2))
+        start = stop
+    return out
 
 
 def quantize_int4_matrices(
@@ -159,7 +196,7 @@ def quantize_int4_matrices(
         raise ValueError(f"matrices converted together must share a device, got {sorted(map(str, devices))}")
     baseline_scale_2 = shared_tensor_scale(mats, ScaleMethod.AMAX)
     if method is ScaleMethod.AMAX:
-        return [_quantize_amax(m, baseline_scale_2) for m in mats]
+        return _quantize_amax_stacked(mats, baseline_scale_2)
     weight_scale_2 = shared_tensor_scale(mats, method)
     searched = [search_block_scales(m, weight_scale_2, method, baseline_scale_2) for m in mats]
     # The search tensor scale differs from Model Optimizer's, so block-wise dominance over `amax` does

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from enum import Enum
 
 import torch
 
-from ..constants import INT4_GROUP_SIZE, INT4_MAX, INT4_MIN, NVFP4_BLOCK_SIZE
+from ..constants import (
+    INT4_GROUP_SIZE,
+    INT4_MAX,
+    INT4_MIN,
+    INT4_OFFSET,
+    INT4_PER_INT32,
+    NVFP4_BLOCK_SIZE,
+)
 from ..int4 import unpack_int4
 
-__all__ = ["Int4Matrix", "ScaleMethod"]
+__all__ = ["Int4Matrix", "ScaleMethod", "unpack_int4_bytes"]
 
 
 class ScaleMethod(str, Enum):
@@ -19,6 +27,25 @@ class ScaleMethod(str, Enum):
     AMAX = "amax"  # Model Optimizer's rule on the dequantized values, bit-identical to NVFP4QTensor.quantize
     INT4_AWARE = "int4-aware"  # few candidates per block derived from the INT4 codes and group scale
     SWEEP = "sweep"  # all 126 positive E4M3 block scales per block (quality reference)
+
+
+_NIBBLE_MASK = 0xF
+_NIBBLE_BITS = 4
+
+
+def unpack_int4_bytes(weight_packed: torch.Tensor, in_features: int) -> torch.Tensor:
+    """Same codes as `unpack_int4`, through the packed words' bytes (the conversion's hot path).
+
+    In a little-endian int32, byte m of word j holds columns 8j+2m (low nibble) and 8j+2m+1 (high
+    nibble), so two byte-wide passes replace eight int32 shifts: a quarter of the memory traffic.
+    Falls back to `unpack_int4` (which validates) for anything but a full-width 2-d int32 tensor.
+    """
+    full_width = weight_packed.ndim == 2 and weight_packed.shape[1] * INT4_PER_INT32 == in_features
+    if weight_packed.dtype != torch.int32 or not full_width or sys.byteorder != "little":
+        return unpack_int4(weight_packed, in_features)
+    packed_bytes = weight_packed.contiguous().view(torch.uint8)
+    nibbles = torch.stack((packed_bytes & _NIBBLE_MASK, packed_bytes >> _NIBBLE_BITS), dim=-1)
+    return nibbles.view(torch.int8).reshape(weight_packed.shape[0], in_features) - INT4_OFFSET
 
 
 @dataclass
@@ -43,7 +70,7 @@ class Int4Matrix:
     @classmethod
     def from_packed(cls, weight_packed: torch.Tensor, weight_scale: torch.Tensor, in_features: int) -> Int4Matrix:
         """From compressed-tensors `weight_packed` int32 `[out, in/8]` and `weight_scale` bf16 `[out, in/32]`."""
-        return cls(unpack_int4(weight_packed, in_features), weight_scale.to(torch.float32))
+        return cls(unpack_int4_bytes(weight_packed, in_features), weight_scale.to(torch.float32))
 
     @property
     def shape(self) -> tuple[int, int]:
