@@ -22,6 +22,7 @@ from enum import Enum
 import torch
 
 from ..numerics.constants import NVFP4_TENSOR_SCALE_DENOMINATOR
+from ..numerics.nvfp4 import divide_exactly
 from .stats import ActivationStats, StatsKey
 
 
@@ -48,7 +49,7 @@ def input_scale_from_amax(amax: float | torch.Tensor) -> torch.Tensor:
     a = torch.as_tensor(amax, dtype=torch.float32).reshape(())
     if not torch.isfinite(a) or a <= 0:
         a = torch.tensor(FALLBACK_AMAX, dtype=torch.float32)
-    return (a / NVFP4_TENSOR_SCALE_DENOMINATOR).to(torch.float32)
+    return divide_exactly(a, NVFP4_TENSOR_SCALE_DENOMINATOR).to(torch.float32)
 
 
 def expert_module(expert: int, proj: str) -> str:

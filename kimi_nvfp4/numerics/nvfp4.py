@@ -76,7 +76,18 @@ def tensor_scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
     """
     amax = torch.as_tensor(amax).to(torch.float32).reshape(())
     amax = torch.where(amax > 0, amax, torch.ones_like(amax))
-    return amax / NVFP4_TENSOR_SCALE_DENOMINATOR
+    return divide_exactly(amax, NVFP4_TENSOR_SCALE_DENOMINATOR)
+
+
+def divide_exactly(numerator: torch.Tensor, denominator: float) -> torch.Tensor:
+    """`numerator / denominator` correctly rounded on every device.
+
+    On CUDA, PyTorch turns division by a CPU scalar into multiplication by its reciprocal
+    (aten/src/ATen/native/cuda/BinaryDivTrueKernel.cu, `div_true_kernel_cuda`: "if the second argument is
+    a CPU scalar, compute a * reciprocal(b)"), which can differ from the CPU's true division in the last
+    bit. A device tensor as divisor keeps the IEEE division, so CPU and CUDA write the same scale bytes.
+    """
+    return numerator / torch.full_like(numerator, denominator)
 
 
 def _check_weight(w: torch.Tensor) -> None:

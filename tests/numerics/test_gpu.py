@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from kimi_nvfp4.numerics.methods import ScaleMethod, quantize_int4_matrices
-from kimi_nvfp4.numerics.nvfp4 import fake_quantize_activation_nvfp4
+from kimi_nvfp4.numerics.constants import NVFP4_TENSOR_SCALE_DENOMINATOR
+from kimi_nvfp4.numerics.nvfp4 import divide_exactly, fake_quantize_activation_nvfp4
 
 from .conftest import realistic_int4
 
@@ -32,3 +33,12 @@ def test_activation_fake_quant_identical_on_cuda():
     x = torch.randn(64, 512, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     scale = torch.tensor(float(x.float().abs().amax()) / 2688)
     assert torch.equal(fake_quantize_activation_nvfp4(x, scale), fake_quantize_activation_nvfp4(x.cuda(), scale).cpu())
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_tensor_scale_division_identical_on_cuda():
+    """CUDA turns `tensor / python_float` into a reciprocal multiply; divide_exactly must not."""
+    amax = torch.rand(100_000, generator=torch.Generator().manual_seed(3)) * 10
+    assert torch.equal(divide_exactly(amax, NVFP4_TENSOR_SCALE_DENOMINATOR),
+                       divide_exactly(amax.cuda(), NVFP4_TENSOR_SCALE_DENOMINATOR).cpu())

@@ -101,3 +101,24 @@ def test_rejects_bad_shapes():
         quantize_nvfp4(torch.zeros(4, 32, dtype=torch.bfloat16))
     with pytest.raises(ValueError):
         NVFP4Tensor(torch.zeros(4, 16, dtype=torch.uint8), torch.zeros(4, 3).to(torch.float8_e4m3fn), torch.tensor(1.0))
+
+
+def test_tensor_scale_is_the_true_quotient_not_a_reciprocal_product():
+    """weight_scale_2 = amax / 2688 correctly rounded, as Model Optimizer computes it on the CPU.
+
+    Multiplying by float32(1/2688) (what CUDA does for a CPU-scalar divisor) differs in the last bit for
+    some amax; divide_exactly keeps the IEEE quotient so CPU and CUDA agree.
+    """
+    import numpy as np
+
+    from kimi_nvfp4.numerics.constants import NVFP4_TENSOR_SCALE_DENOMINATOR
+    from kimi_nvfp4.numerics.nvfp4 import divide_exactly, tensor_scale_from_amax
+
+    amax = np.random.default_rng(0).uniform(0.01, 10.0, 20_000).astype(np.float32)
+    true_quotient = amax / np.float32(NVFP4_TENSOR_SCALE_DENOMINATOR)
+    reciprocal_product = amax * (np.float32(1.0) / np.float32(NVFP4_TENSOR_SCALE_DENOMINATOR))
+    assert (true_quotient != reciprocal_product).any()  # the two roundings really differ
+    ours = divide_exactly(torch.from_numpy(amax), NVFP4_TENSOR_SCALE_DENOMINATOR).numpy()
+    assert np.array_equal(ours, true_quotient)
+    differing = int(np.flatnonzero(true_quotient != reciprocal_product)[0])
+    assert tensor_scale_from_amax(torch.tensor(amax[differing])).item() == true_quotient[differing]
