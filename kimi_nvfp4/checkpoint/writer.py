@@ -63,6 +63,14 @@ class WrittenShard:
     tensors: int
 
 
+def spec_nbytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
+    """Bytes a tensor of `dtype` and `shape` occupies in a safetensors file (no tensor is built)."""
+    n = 1
+    for d in shape:
+        n *= d
+    return n * torch.empty((), dtype=dtype).element_size()
+
+
 def _tensor_bytes(t: torch.Tensor) -> torch.Tensor:
     """A flat uint8 view of a CPU tensor's bytes (copies only if not contiguous)."""
     flat = t.detach().contiguous().reshape(-1)
@@ -122,10 +130,7 @@ class TensorSpec:
 
     @property
     def nbytes(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n * torch.empty((), dtype=self.dtype).element_size()
+        return spec_nbytes(self.dtype, self.shape)
 
 
 def _encode_header(specs: list[TensorSpec], metadata: dict[str, str]) -> bytes:

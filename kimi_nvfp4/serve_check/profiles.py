@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import shlex
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import KimiNvfp4Error
@@ -78,16 +78,7 @@ class ServeProfile:
     extra_flags: tuple[str, ...] = field(default=())
 
     def with_extra(self, extra: tuple[str, ...], suffix: str = "") -> ServeProfile:
-        return ServeProfile(
-            name=self.name + suffix,
-            description=self.description,
-            tp=self.tp,
-            flags=self.flags,
-            gpus=self.gpus,
-            activations=self.activations,
-            notes=self.notes,
-            extra_flags=self.extra_flags + extra,
-        )
+        return replace(self, name=self.name + suffix, extra_flags=self.extra_flags + extra)
 
 
 # B200: 180 GiB usable HBM3e each (nvidia-smi reports ~179 GiB); B300: 288 GB HBM3e (~268 GiB).

@@ -18,6 +18,7 @@ import torch
 
 from ..checkpoint.k2_config import K2Config
 from ..checkpoint.layout import PROJS
+from ..checkpoint.writer import spec_nbytes
 from ..numerics.constants import INT4_GROUP_SIZE, INT4_MAX, INT4_MIN, INT4_PER_INT32
 from ..numerics.int4 import pack_int4
 
@@ -58,10 +59,7 @@ class TensorSpec:
 
     @property
     def nbytes(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n * torch.empty((), dtype=self.dtype).element_size()
+        return spec_nbytes(self.dtype, self.shape)
 
 
 def _linear(name: str, out_f: int, in_f: int) -> TensorSpec:
