@@ -2,11 +2,17 @@
 
 Builds (or reuses) a synthetic K2.6-shaped INT4 checkpoint with `--layers` decoder layers (layer 0
 dense, the rest MoE with 384 experts x 2048, hidden 7168), converts it, then times the calibrate
-layer loop (observe W4A16 + advance W4A4 per MoE layer) over `--samples` x `--seq-len` tokens.
+layer loop (one load + one attention per layer; observe W4A16 statistics + advance W4A4 per MoE layer)
+over `--samples` x `--seq-len` tokens, in `--dtype` (auto: bf16 on CUDA, fp32 on CPU).
 Projection for Kimi K2.6: first_k_dense_replace dense layers + 60 MoE layers at the measured
 per-layer times. Writes JSON (and prints a table); run on the H200 with `--device cuda`:
 
     python bench/bench_calibrate.py --device cuda --work-dir /tmp/kimi_bench --json bench_calibrate.json
+
+A CPU smoke run (tiny sizes; the synthetic checkpoint takes ~20 s per GB to write):
+
+    python bench/bench_calibrate.py --device cpu --layers 2 --experts 4 --vocab-size 4096 --samples 2 \
+        --seq-len 128 --work-dir /tmp/kimi_bench_cpu --json /tmp/bench_calibrate_cpu.json
 
 Tokens are random ids by default (routing on synthetic weights is arbitrary anyway); `--data SPEC`
 renders real sessions with the synthetic checkpoint's tokenizer instead.
@@ -97,6 +103,7 @@ def compare_policies(args, dev: torch.device) -> dict:
             min_expert_tokens=args.min_expert_tokens,
             policy=policy,
             device=dev,
+            dtype=args.dtype,
             progress=False,
         )
         cal_seconds = time.perf_counter() - t
@@ -120,6 +127,7 @@ def compare_policies(args, dev: torch.device) -> dict:
                 {
                     "policy": policy.value,
                     "reduction": reduction,
+                    "calibration_dtype": cal.settings.dtype,
                     "calibration_tokens": cal.tokens,
                     "calibration_seconds": cal_seconds,
                     "experts_below_min": sum(l.experts_below_min_tokens for l in moe),
@@ -157,7 +165,13 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--policy", default=ExpertPolicy.PEER_MAX.value, choices=[p.value for p in ExpertPolicy])
     ap.add_argument("--min-expert-tokens", type=int, default=32)
-    ap.add_argument("--max-chunk-tokens", type=int, default=None)
+    ap.add_argument("--max-chunk-tokens", type=int, default=None,
+                    help="tokens per MLP/MoE chunk (default: 65536 on CUDA, 16384 on CPU)")
+    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                    help="compute dtype (auto: bfloat16 on CUDA, float32 on CPU)")
+    ap.add_argument("--materialize", default="auto", choices=["auto", "on", "off"],
+                    help="dequantize each layer once (auto: on CUDA when it fits) or per chunk")
+    ap.add_argument("--prefetch", action="store_true", help="load layer L+1 while layer L computes")
     ap.add_argument("--states-device", default=None)
     ap.add_argument("--data", default=None, help="render real sessions (calibrate --data spec) instead of random ids")
     ap.add_argument("--seed", type=int, default=0)
@@ -187,6 +201,9 @@ def main() -> None:
         device=dev,
         max_chunk_tokens=args.max_chunk_tokens,
         states_device=args.states_device,
+        dtype=args.dtype,
+        materialize={"auto": "auto", "on": True, "off": False}[args.materialize],
+        prefetch=args.prefetch,
     )
     total = time.perf_counter() - t
     dense = [s for i, s in enumerate(run.layer_seconds) if not cfg.is_moe_layer(i)]
@@ -203,7 +220,12 @@ def main() -> None:
         "seq_len": args.seq_len,
         "tokens": tokens,
         "policy": args.policy,
-        "max_chunk_tokens": args.max_chunk_tokens,
+        "dtype": run.dtype,
+        "max_chunk_tokens": run.max_chunk_tokens,
+        "materialize": args.materialize,
+        "materialized_layers": run.materialized_layers,
+        "prefetch": args.prefetch,
+        "states_device": args.states_device,
         "layer_seconds": run.layer_seconds,
         "dense_layer_seconds": per_dense,
         "moe_layer_seconds": per_moe,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the GPU tests and GPU benchmarks on one H200 (the device tool's machine), part by part,
 # each bounded by its own timeout so one slow step cannot eat the whole call.
-# Usage (from the repo root): bash bench/gpu_suite.sh PART OUTDIR   (PART: tests | convert | model | stages)
+# Usage (from the repo root): bash bench/gpu_suite.sh PART OUTDIR   (PART: tests | convert | final | stages)
 set -u
 part=$1; out=${2:-/tmp/gpu_suite}; mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -33,13 +33,14 @@ case $part in
     ;;
   final)
     # Ordered by priority, sized to fit one short lease.
-    step gpu_tests 100 python3 -m pytest -q -p no:cacheprovider -m gpu tests/numerics tests/convert
-    step scale_methods 60 python3 bench/bench_scale_methods.py --device cuda --experts 4 --json "$out/scale_methods.json"
-    step convert 110 python3 bench/bench_convert.py --device cuda --skip-peer --work /tmp/bench_convert --experts ${CONVERT_EXPERTS:-32} --workers 4 --method amax --method int4-aware --also-no-stats
-    step calibrate 70 python3 bench/bench_calibrate.py --device cuda --work-dir /tmp/kimi_bench --json /tmp/calibrate.json \
+    step gpu_tests 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/numerics tests/convert tests/model tests/calibrate
+    step numerics 60 python3 bench/profile_numerics.py --device cuda --experts 4 --method int4-aware --top 12
+    step calibrate 200 python3 bench/bench_calibrate.py --device cuda --work-dir /tmp/kimi_bench --json "$out/calibrate.json" \
       --layers 2 --experts 32 --vocab-size 16384 --samples 64 --seq-len 2048
-    step validate 50 python3 bench/bench_validate.py --device cuda --work-dir /tmp/kimi_bench --json /tmp/validate.json \
-      --layers 2 --experts 32 --vocab-size 16384 --samples 16 --seq-len 2048
+    step calibrate_fp32 90 python3 bench/bench_calibrate.py --device cuda --work-dir /tmp/kimi_bench --json "$out/calibrate_fp32.json" \
+      --layers 2 --experts 32 --vocab-size 16384 --samples 64 --seq-len 2048 --dtype float32
+    step convert 200 python3 bench/bench_convert.py --device cuda --skip-peer --work /tmp/bench_convert --layers 2 \
+      --experts ${CONVERT_EXPERTS:-96} --shards 8 --workers 8 --method amax --method int4-aware --also-no-stats
     ;;
   stages)
     step gpu_tests_stages 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/model tests/calibrate tests/validate

@@ -1,20 +1,23 @@
 """`calibrate_checkpoint`: static activation scales (`input_scale`) for every NVFP4 linear.
 
 Per decoder layer L (the served model is emulated throughout: earlier layers already W4A4 with the
-scales just computed, SGLang's input-scale reduction applied):
-1. observe: run layer L with its NVFP4 weights and UNquantized activations (W4A16), recording the
-   input amax / per-channel mean square of every linear, routed-token counts per expert, and for
-   `route-all` also every token through every expert (statistics only);
-2. choose: per expert one amax for gate/up (shared) and one for down, applying the policy for
+scales just computed, SGLang's input-scale reduction applied), with the layer loaded ONCE:
+1. attention once (BF16 in K2.6, identical in both passes; recomputed in step 4 only when the layer
+   has NVFP4 linears outside its MLP);
+2. observe: the MLP with its NVFP4 weights and UNquantized activations (W4A16), statistics only,
+   recording the input amax / per-channel mean square of every linear, routed-token counts per
+   expert, and for `route-all` also every token through every expert;
+3. choose: per expert one amax for gate/up (shared) and one for down, applying the policy for
    experts with fewer than `min_expert_tokens` tokens; scale = amax / (6 * 448);
-3. advance: run layer L again, W4A4 with those scales, to produce layer L+1's input.
-Memory: one layer's weights plus the calibration hidden states.
+4. advance: the same loaded weights switched to W4A4 with those scales (`set_activations`), the MLP
+   again from the post-attention residual, giving layer L+1's input.
+Memory: one layer's weights (dequantized once if `materialize` decides so) plus the hidden states.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
@@ -24,7 +27,9 @@ from tqdm.auto import tqdm
 from ..checkpoint.reader import CheckpointReader
 from ..checkpoint.writer import ShardWriter
 from ..model import LayerStreamRunner, NVFP4Weights
-from .device import resolve_device, synchronize
+from ..model.linear import NVFP4Linear
+from ..model.runner import DEFAULT_MAX_CHUNK_TOKENS
+from .device import AUTO_DTYPE, dtype_name, resolve_device, resolve_dtype, synchronize
 from .pairing import require_converted, require_matching_source
 from .policy import (
     DEFAULT_EXPERT_POLICY,
@@ -44,7 +49,11 @@ from .report import (
     write_calibration_report,
 )
 from .samples import HELDOUT_FRACTION, DataPart, load_sample_set
-from .shard import CALIBRATE_STAGE, install_input_scales, require_no_misplaced_input_scales
+from .shard import (
+    CALIBRATE_STAGE,
+    install_input_scales,
+    require_no_misplaced_input_scales,
+)
 from .stats import ActivationCollector
 
 DEFAULT_SAMPLES = 512
@@ -52,6 +61,11 @@ DEFAULT_SEQ_LEN = 2048
 # Reports and per-layer statistics go here, inside the output folder.
 CALIBRATION_DIR = "calibration"
 ACTIVATION_STATS_DIR = "activation_stats"
+# Tokens per MLP/MoE chunk on CUDA when not given: 4x the runner's default, so each of K2.6's 384
+# experts gets ~1.4k rows per matmul instead of ~340 and the per-expert kernel launches (and, when a
+# layer is not materialized, the per-chunk dequantizations) happen 4x less often. Working memory
+# ~CHUNK_BYTES_PER_VALUE x 65536 x 7168 = 19 GB at most (W4A4 temporaries), fine on an H200.
+CUDA_CHUNK_TOKENS = 65536
 
 
 def quantized_modules(reader: CheckpointReader, layer: int) -> list[str]:
@@ -144,11 +158,21 @@ def _save_activation_stats(
 
 @dataclass
 class CalibrationRun:
-    """What the layer loop produced: the scales, the per-layer report entries, seconds per layer."""
+    """What the layer loop produced: the scales, the per-layer report entries, seconds per layer,
+    and how it ran (compute dtype, chunk size, layers dequantized once)."""
 
     scales: dict[str, torch.Tensor]
     layers: list[LayerCalibration]
     layer_seconds: list[float]
+    dtype: str = "float32"
+    max_chunk_tokens: int | None = None
+    materialized_layers: list[int] = field(default_factory=list)
+
+
+def _outside_mlp(modules: list[str]) -> bool:
+    """Whether a layer has NVFP4 linears before its MLP (attention): then the attention output of the
+    W4A4 pass differs from the W4A16 observe pass and must be recomputed. Not so in K2.6 (BF16 MLA)."""
+    return any(not m.startswith("mlp.") for m in modules)
 
 
 def run_calibration(
@@ -163,36 +187,62 @@ def run_calibration(
     states_device: str | torch.device | None = None,
     stats_dir: Path | None = None,
     progress: bool = True,
+    dtype: str | torch.dtype = AUTO_DTYPE,
+    materialize: bool | str = "auto",
+    prefetch: bool = False,
 ) -> CalibrationRun:
-    """The observe / choose / advance loop over `layers` (default all) of the converted checkpoint."""
-    kw = {"device": device, "progress": False, "states_device": states_device}
-    if max_chunk_tokens is not None:
-        kw["max_chunk_tokens"] = max_chunk_tokens
-    observe = LayerStreamRunner(NVFP4Weights(reader, activations="w4a16"), **kw)
+    """The observe / choose / advance loop over `layers` (default all) of the converted checkpoint.
+
+    Each layer is loaded once and its attention runs once (unless it has NVFP4 linears itself): the
+    observe pass (W4A16, statistics only) and the advance pass (W4A4 with the chosen scales) share the
+    post-attention residual and the loaded weights, switched in place with `set_activations`.
+    `dtype`: "auto" (bf16 on CUDA, fp32 on CPU), "float32" or "bfloat16". `materialize`: dequantize a
+    layer once ("auto": on CUDA when it fits, see LayerStreamRunner). `prefetch`: load layer L+1 while
+    L computes (one more stored layer in memory). `max_chunk_tokens` None: CUDA_CHUNK_TOKENS on CUDA,
+    the runner's default elsewhere.
+    """
+    compute_dtype = resolve_dtype(dtype, device)
+    if max_chunk_tokens is None:
+        max_chunk_tokens = CUDA_CHUNK_TOKENS if device.type == "cuda" else DEFAULT_MAX_CHUNK_TOKENS
+    source = NVFP4Weights(reader, activations="w4a16")
+    runner = LayerStreamRunner(
+        source, device=device, dtype=compute_dtype, max_chunk_tokens=max_chunk_tokens, states_device=states_device,
+        progress=False, materialize_layers=materialize, prefetch=prefetch,
+    )
     cfg = reader.layout.text
     todo = list(range(cfg.num_hidden_layers) if layers is None else layers)
-    states = observe.embed(sequences)
+    states = runner.embed(sequences)
     collector = ActivationCollector(device=device)
-    run = CalibrationRun({}, [], [])
+    run = CalibrationRun({}, [], [], dtype=dtype_name(compute_dtype), max_chunk_tokens=max_chunk_tokens)
     for layer in tqdm(todo, desc="calibrate: layers", disable=not progress):
         t0 = time.perf_counter()
         collector.start_layer(layer)
-        has_quantized = bool(quantized_modules(reader, layer))
-        collector.route_all = has_quantized and policy is ExpertPolicy.ROUTE_ALL and cfg.is_moe_layer(layer)
-        observed = observe.apply_layer(layer, states, observer=collector)
+        modules = quantized_modules(reader, layer)
+        collector.route_all = bool(modules) and policy is ExpertPolicy.ROUTE_ALL and cfg.is_moe_layer(layer)
+        w = runner.load_layer(layer)
+        attended = runner.attend(layer, states, w, observer=collector)
+        if not modules:  # no NVFP4 linear: W4A16 and W4A4 agree, one pass is both
+            states = runner.feed_forward(attended, w, observer=collector)
+        else:
+            recompute_attention = _outside_mlp(modules)
+            if not recompute_attention:
+                states = attended  # drop the layer input now: the W4A4 pass starts from `attended` too
+            runner.feed_forward(attended, w, observer=collector, output=False)  # observe: statistics only
         layer_scales, entry = _layer_scales(
             reader, layer, collector, policy=policy, min_expert_tokens=min_expert_tokens
         )
         run.layers.append(entry)
         if stats_dir is not None:
             _save_activation_stats(stats_dir, reader, layer, collector)
-        if has_quantized:
-            del observed
+        if modules:
             run.scales.update(layer_scales)
-            advance = LayerStreamRunner(NVFP4Weights(reader, activations="w4a4", input_scales=layer_scales), **kw)
-            states = advance.apply_layer(layer, states)
-        else:
-            states = observed  # no NVFP4 linear: W4A16 and W4A4 agree
+            source.set_activations(w, "w4a4", input_scales=layer_scales)  # advance: same weights, W4A4
+            if recompute_attention:
+                attended = runner.attend(layer, states, w)
+            states = runner.feed_forward(attended, w)
+        if any(isinstance(lin, NVFP4Linear) and lin.materialized for lin in w.linears()):
+            run.materialized_layers.append(layer)
+        del w, attended
         synchronize(device)
         run.layer_seconds.append(time.perf_counter() - t0)
     return run
@@ -215,6 +265,7 @@ def calibrate_checkpoint(
     report_dir: str | Path | None = None,
     save_activation_stats: bool = True,
     generated_sessions: int | None = None,
+    dtype: str | torch.dtype = AUTO_DTYPE,
 ) -> CalibrationReport:
     """Compute and install `input_scale` for every NVFP4 linear of the converted checkpoint `output`.
 
@@ -231,6 +282,7 @@ def calibrate_checkpoint(
     require_matching_source(CheckpointReader(source), out_reader)
     require_no_misplaced_input_scales(out_reader)
     dev = resolve_device(device)
+    resolve_dtype(dtype, dev)  # a bad name fails before the data is loaded
     sample_set = load_sample_set(
         output,
         data,
@@ -251,6 +303,7 @@ def calibrate_checkpoint(
         states_device=states_device,
         stats_dir=calib_dir / ACTIVATION_STATS_DIR if save_activation_stats else None,
         progress=progress,
+        dtype=dtype,
     )
     settings = CalibrationSettings(
         data=data,
@@ -260,6 +313,7 @@ def calibrate_checkpoint(
         min_expert_tokens=min_expert_tokens,
         policy=policy.value,
         heldout_fraction=HELDOUT_FRACTION,
+        dtype=run.dtype,
     )
     written = install_input_scales(
         output,

@@ -57,6 +57,14 @@ from .policy import DEFAULT_EXPERT_POLICY, DEFAULT_MIN_EXPERT_TOKENS, ExpertPoli
 )
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option(
+    "--dtype",
+    default="auto",
+    show_default=True,
+    type=click.Choice(["auto", "float32", "bfloat16"]),
+    help="Compute dtype of the reference model. auto: bfloat16 on CUDA (what SGLang serves: bf16 hidden "
+    "states and matmuls), float32 on CPU.",
+)
+@click.option(
     "--max-chunk-tokens",
     default=None,
     type=click.IntRange(min=1),
@@ -80,6 +88,7 @@ def calibrate_command(
     min_expert_tokens,
     policy,
     device,
+    dtype,
     max_chunk_tokens,
     states_device,
     report_dir,
@@ -103,6 +112,7 @@ def calibrate_command(
         min_expert_tokens=min_expert_tokens,
         policy=policy,
         device=device,
+        dtype=dtype,
         progress=not no_progress,
         max_chunk_tokens=max_chunk_tokens,
         states_device=states_device,
@@ -111,5 +121,5 @@ def calibrate_command(
     )
     click.echo(
         f"calibrated {report.input_scales} input scales from {report.sequences} sequences "
-        f"({report.tokens} tokens) in {report.seconds:.1f} s -> {report.shard}"
+        f"({report.tokens} tokens, {report.settings.dtype}) in {report.seconds:.1f} s -> {report.shard}"
     )

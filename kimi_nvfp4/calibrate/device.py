@@ -1,4 +1,4 @@
-"""Pick the compute device for the layer-streamed model (shared by calibrate and validate)."""
+"""Pick the compute device (shared by calibrate and validate) and calibrate's compute dtype."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import torch
 from ..errors import DeviceError
 
 AUTO_DEVICE = "auto"
+AUTO_DTYPE = "auto"
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -23,3 +24,28 @@ def synchronize(device: torch.device) -> None:
     """Wait for queued kernels (for honest timings)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+# Compute dtypes of the layer-streamed model, by the names the CLI and the manifest use.
+COMPUTE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+_DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """`auto` -> bfloat16 on CUDA (what SGLang serves: bf16 hidden states, bf16 tensor-core matmuls),
+    float32 on CPU (exact reference, and CPUs have no fast bf16 matmul); else the named dtype."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in COMPUTE_DTYPES.values():
+            raise ValueError(f"compute dtype must be one of {sorted(COMPUTE_DTYPES)}, got {dtype}")
+        return dtype
+    name = _DTYPE_ALIASES.get(str(dtype).lower(), str(dtype).lower())
+    if name == AUTO_DTYPE:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in COMPUTE_DTYPES:
+        raise ValueError(f"dtype must be auto, {', '.join(COMPUTE_DTYPES)}; got {dtype!r}")
+    return COMPUTE_DTYPES[name]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """`torch.bfloat16` -> "bfloat16" (the name recorded in reports and the manifest)."""
+    return str(dtype).removeprefix("torch.")

@@ -66,6 +66,9 @@ class CalibrationSettings(BaseModel):
     min_expert_tokens: int
     policy: str
     heldout_fraction: float
+    # compute dtype of the reference model, resolved ("float32" / "bfloat16"); reports and manifests
+    # written before it was recorded all computed in float32
+    dtype: str = "float32"
 
 
 class CalibrationReport(BaseModel):
@@ -112,7 +115,7 @@ def render_markdown(report: CalibrationReport) -> str:
         f"- {report.sequences} sequences × ≤{s.seq_len} tokens = {report.tokens} tokens (seed {s.seed})",
         f"- under-covered experts (< {s.min_expert_tokens} tokens): policy `{s.policy}`",
         f"- {report.input_scales} input_scale tensors written to `{report.shard}` (sha256 {report.shard_sha256[:16]}…)",
-        f"- device {report.device}, {report.seconds:.1f} s",
+        f"- device {report.device}, compute dtype {s.dtype}, {report.seconds:.1f} s",
         "",
         "gate_proj and up_proj of an expert share one input_scale. SGLang's flashinfer MoE backends use the",
         "layer's max over all experts (column *max*), the cutlass backend uses each expert's own value.",

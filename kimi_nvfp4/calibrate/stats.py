@@ -18,6 +18,15 @@ import torch
 
 
 @dataclass
+class ChunkSummary:
+    """One chunk's contribution to `ActivationStats`."""
+
+    amax: torch.Tensor  # fp32 0-d
+    sum_sq: torch.Tensor  # fp64 [in_features]
+    tokens: int
+
+
+@dataclass
 class ActivationStats:
     """Input statistics of one linear, accumulated over token chunks."""
 
@@ -33,16 +42,25 @@ class ActivationStats:
 
     def update(self, x: torch.Tensor) -> None:
         """Add a chunk of inputs `[tokens, in_features]` (any leading dims are flattened)."""
+        self.add(self.summarize(x))
+
+    def summarize(self, x: torch.Tensor) -> ChunkSummary | None:
+        """What `update(x)` adds, computed once (gate_proj and up_proj read the same `x`)."""
         rows = x.reshape(-1, x.shape[-1])
         if rows.shape[-1] != self.in_features:
             raise ValueError(f"expected inputs with {self.in_features} features, got {rows.shape[-1]}")
         if rows.shape[0] == 0:
-            return
+            return None
         rows = rows.to(device=self.amax.device, dtype=torch.float32)
-        self.amax = torch.maximum(self.amax, rows.abs().amax())
         # Square in fp32 (exact enough per element), accumulate across chunks in fp64.
-        self.sum_sq += rows.square().sum(dim=0, dtype=torch.float64)
-        self.tokens += rows.shape[0]
+        return ChunkSummary(rows.abs().amax(), rows.square().sum(dim=0, dtype=torch.float64), rows.shape[0])
+
+    def add(self, summary: ChunkSummary | None) -> None:
+        if summary is None:
+            return
+        self.amax = torch.maximum(self.amax, summary.amax)
+        self.sum_sq += summary.sum_sq
+        self.tokens += summary.tokens
 
     def merge(self, other: "ActivationStats") -> None:
         if other.in_features != self.in_features:
@@ -73,6 +91,9 @@ class ActivationCollector:
     through every expert (`route_all=True`); they never mix.
     """
 
+    # only inputs are measured: statistics-only passes may skip computing outputs (model/moe.py)
+    needs_outputs = False
+
     def __init__(self, *, route_all: bool = False, device: torch.device | str = "cpu"):
         self.route_all = route_all
         self.device = device
@@ -81,6 +102,8 @@ class ActivationCollector:
         self.all_tokens: dict[StatsKey, ActivationStats] = {}
         self.expert_tokens: torch.Tensor | None = None  # int64 [n_experts], router assignments
         self.router_tokens = 0
+        # the last input summarized, with its version: gate_proj then up_proj report the same tensor
+        self._last: tuple[torch.Tensor, int, ChunkSummary | None] | None = None
 
     def start_layer(self, layer: int) -> None:
         """Forget the previous layer's statistics (the caller has consumed them)."""
@@ -89,6 +112,7 @@ class ActivationCollector:
         self.all_tokens = {}
         self.expert_tokens = None
         self.router_tokens = 0
+        self._last = None
 
     def _check_layer(self, layer: int) -> None:
         if self.layer is None:
@@ -112,7 +136,13 @@ class ActivationCollector:
         stats = table.get(key)
         if stats is None:
             stats = table[key] = ActivationStats(x.shape[-1], device=self.device)
-        stats.update(x)
+        last = self._last
+        if last is not None and last[0] is x and last[1] == x._version:
+            summary = last[2]  # same tensor, unmodified: same numbers (saves a third of the reductions)
+        else:
+            summary = stats.summarize(x)
+            self._last = (x, x._version, summary)
+        stats.add(summary)
 
     def on_router(
         self, layer: int, topk_ids: torch.Tensor, topk_weights: torch.Tensor, n_experts: int | None = None

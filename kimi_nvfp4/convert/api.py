@@ -11,14 +11,20 @@ import shutil
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
-from ..checkpoint.manifest import MANIFEST_NAME, ConversionManifest, ConversionSettings, ShardRecord, save_manifest
+from ..checkpoint.manifest import (
+    MANIFEST_NAME,
+    ConversionManifest,
+    ConversionSettings,
+    ShardRecord,
+    save_manifest,
+)
 from ..checkpoint.modelopt_config import (
     HF_QUANT_CONFIG_NAME,
     build_modelopt_quant_config,
@@ -57,6 +63,8 @@ class ConversionSummary:
     seconds: float
     peak_tensor_bytes: int  # most tensor bytes one job held at once
     max_shard_bytes: int  # largest source shard (tensor bytes), the unit of the memory bound
+    # seconds per phase summed over the shard jobs of this run (job threads only; see convert/job.py)
+    phase_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def gb_per_s(self) -> float:
@@ -80,6 +88,14 @@ class ConversionSummary:
             ),
             f"output: {self.output}",
         ]
+
+
+def _sum_phases(results: list[ShardResult]) -> dict[str, float]:
+    total: dict[str, float] = {}
+    for r in results:
+        for name, seconds in r.phase_seconds.items():
+            total[name] = total.get(name, 0.0) + seconds
+    return total
 
 
 def resolve_device(device: str) -> torch.device:
@@ -179,6 +195,7 @@ def convert_checkpoint(
         bytes_out=sum(r.written.bytes for r in results),
         seconds=seconds,
         peak_tensor_bytes=max((r.peak_tensor_bytes for r in results), default=0),
+        phase_seconds=_sum_phases(results),
         max_shard_bytes=max((j.input_bytes for j in plan.jobs), default=0),
     )
 

@@ -2,10 +2,12 @@
 
 The output layout is fixed by the plan, so the header is written first and every tensor streams to
 disk as soon as it exists: pass-through tensors are copied file to file in chunks through reusable
-buffers, and a job holds one scale group's INT4 inputs and NVFP4 outputs, never the shard. Writing and
-hashing run on the writer's background thread, overlapping the next group's compute (bounded queue).
-Source tensors are read with plain `readinto` (no mmap) and files close when the job ends. `peak_tensor_bytes` reports the most tensor bytes the job held at once
-(numerics temporaries aside), so tests and benchmarks can check the bound.
+buffers. Expert matrices are converted in batches of scale groups (`batches`): one group at a time on
+CPU; on CUDA ~256 MB of INT4 input per batch with two batches in flight, so reading the next batch from
+disk overlaps the device's work on the current one and the host reads results back once per batch.
+Writing and hashing run on the writer's background thread (bounded queue). Source tensors are read
+with plain `readinto` (no mmap) and files close when the job ends. `peak_tensor_bytes` reports the most
+tensor bytes the job held at once (numerics temporaries aside), so tests and benchmarks can check the bound.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,13 +31,10 @@ from ..checkpoint.writer import (
     WrittenShard,
 )
 from ..errors import CheckpointError
-from ..numerics.methods import (
-    Int4Matrix,
-    ScaleMethod,
-    error_stats,
-    quantize_int4_matrices,
-)
-from .plan import ExpertMatrix, ShardJob
+from ..numerics.methods import Int4Matrix, ScaleMethod
+from ..numerics.methods.batch import GroupBatch, quantize_int4_groups
+from ..numerics.methods.stats import stats_from_sums
+from .plan import ExpertMatrix, ScaleGroup, ShardJob
 
 _QUEUE_SHARD_FRACTION = 4
 
@@ -48,23 +48,67 @@ class ShardResult:
     int4_input_bytes: int = 0
     peak_tensor_bytes: int = 0
     seconds: float = 0.0
+    # Wall seconds of this job's thread per phase (see `_Phases`); background writing/hashing not included.
+    phase_seconds: dict[str, float] = field(default_factory=dict)
 
 
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def check_group_scale(scale: torch.Tensor, m: ExpertMatrix) -> None:
+# INT4 input bytes converted per batch. On CUDA a batch is ~10 K2.6 experts, so per-matrix kernel launches
+# and the one read-back per batch amortise; two batches are in flight (one computing while the next is
+# read). On CPU one scale group at a time: nothing to overlap, and the memory bound stays a group.
+_BATCH_INT4_BYTES = {"cuda": 256 << 20}
+_BATCHES_IN_FLIGHT = {"cuda": 2}
+
+
+def batches(groups: list[ScaleGroup], device: torch.device) -> Iterator[list[ScaleGroup]]:
+    """Consecutive groups, at most `_BATCH_INT4_BYTES[device]` of INT4 input per batch (at least one group)."""
+    budget = _BATCH_INT4_BYTES.get(device.type, 0)
+    batch: list[ScaleGroup] = []
+    size = 0
+    for group in groups:
+        group_bytes = sum(m.int4_bytes for m in group.matrices)
+        if batch and size + group_bytes > budget:
+            yield batch
+            batch, size = [], 0
+        batch.append(group)
+        size += group_bytes
+    if batch:
+        yield batch
+
+
+def _raise_on_bad_scales(checks: list[list[int]], matrices: list[ExpertMatrix]) -> None:
     """INT4 group scales must be positive and finite (a zero scale erases a group; NaN poisons it)."""
-    finite = torch.isfinite(scale)
-    if not bool(finite.all()):
-        bad = int((~finite).sum())
-        raise CheckpointError(f"{bad} NaN/Inf group scales; expected positive finite bf16 scales", file=m.scale.file, tensor=m.scale.name)
-    nonpos = int((scale <= 0).sum())
-    if nonpos:
-        raise CheckpointError(
-            f"{nonpos} zero or negative group scales; expected positive finite bf16 scales", file=m.scale.file, tensor=m.scale.name
-        )
+    for (non_finite, non_positive), m in zip(checks, matrices):
+        if non_finite:
+            raise CheckpointError(
+                f"{non_finite} NaN/Inf group scales; expected positive finite bf16 scales", file=m.scale.file, tensor=m.scale.name
+            )
+        if non_positive:
+            raise CheckpointError(
+                f"{non_positive} zero or negative group scales; expected positive finite bf16 scales",
+                file=m.scale.file, tensor=m.scale.name,
+            )
+
+
+class _Phases:
+    """Seconds the job's own thread spends per phase: `passthrough` (copying unconverted tensors),
+    `read` (INT4 inputs from disk), `launch` (queueing uploads, kernels and copies), `wait` (for the
+    device), `write` (handing results to the writer, including waits on its bounded queue), `commit`
+    (draining the writer, fsync, rename). Summed over jobs in the conversion summary."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
 
 class _PeakCounter:
@@ -99,16 +143,84 @@ def run_shard_job(
         )
 
 
-def _to_host(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """CPU copies of `tensors`: asynchronous copies into page-locked buffers, then ONE wait on the job's
-    stream (instead of a synchronising `.cpu()` per tensor)."""
+# Whether INT4 inputs and NVFP4 results travel through page-locked host buffers (asynchronous copies,
+# allocated through torch's caching host allocator) or through pageable memory (the copy itself blocks the
+# job's thread; results are copied after the device finished the batch). Pageable measured 8-12 % faster
+# end to end on the H200 with 8 workers (page-locking fresh buffers costs more than the blocking copies at
+# 17 GB/s; docs/benchmarks.md), and it leaves no locked memory behind.
+_PINNED_STAGING = {"cuda": False}
+
+
+@dataclass
+class _Flight:
+    """One batch between launch (inputs read, kernels and copies queued) and landing (bytes written)."""
+
+    matrices: list[ExpertMatrix]  # every matrix of the batch, in order (partners from other shards too)
+    inputs: list[Int4Matrix]
+    outputs: GroupBatch
+    results: list[torch.Tensor]  # per matrix weight, weight_scale, weight_scale_2; then checks; then stats
+    ready: torch.cuda.Event | None
+    held: int
+
+    def host_results(self) -> list[torch.Tensor]:
+        """`results` on the CPU, once the device has produced them."""
+        if self.ready is not None:
+            self.ready.synchronize()
+        return [t if t.device.type == "cpu" else t.cpu() for t in self.results]
+
+
+def _queue_host_copies(tensors: list[torch.Tensor], pinned: bool) -> tuple[list[torch.Tensor], torch.cuda.Event | None]:
+    """Queue asynchronous copies of device `tensors` into page-locked buffers (when `pinned`) and record
+    an event to wait on, instead of a synchronising `.cpu()` per tensor."""
     if all(t.device.type == "cpu" for t in tensors):
-        return tensors
-    host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
-    for dst, src in zip(host, tensors):
-        dst.copy_(src, non_blocking=True)
-    torch.cuda.current_stream(tensors[0].device).synchronize()
-    return host
+        return tensors, None
+    if pinned:
+        host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
+        for dst, src in zip(host, tensors):
+            dst.copy_(src, non_blocking=True)
+        tensors = host
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream())
+    return tensors, event
+
+
+def _launch(
+    batch: list[ScaleGroup],
+    files: ShardFiles,
+    device: torch.device,
+    method: ScaleMethod,
+    record_stats: bool,
+    phases: _Phases,
+) -> _Flight:
+    """Read a batch's INT4 tensors, queue its conversion and the copies of its results to the host."""
+    pinned = _PINNED_STAGING.get(device.type, False)
+    matrices = [m for g in batch for m in g.matrices]
+    host_inputs, held = [], 0
+    with phases("read"):
+        for m in matrices:
+            packed = files.read(m.packed.file, m.packed.name, pin_memory=pinned)
+            scale = files.read(m.scale.file, m.scale.name, pin_memory=pinned)
+            held += _nbytes(packed) + _nbytes(scale)
+            host_inputs.append((packed, scale))
+    with phases("launch"):
+        # The packed int32 words travel, not unpacked codes; unpacking runs on the device.
+        inputs = [
+            Int4Matrix.from_packed(packed.to(device, non_blocking=pinned), scale.to(device, non_blocking=pinned), m.in_features)
+            for m, (packed, scale) in zip(matrices, host_inputs)
+        ]
+        grouped, start = [], 0
+        for g in batch:
+            grouped.append(inputs[start : start + len(g.matrices)])
+            start += len(g.matrices)
+        outputs = quantize_int4_groups(grouped, method, record_stats=record_stats)
+        if outputs.tensors is None:  # bad input found before any numerics (CPU): only the checks are meaningful
+            tensors = [torch.zeros(()) for _ in range(3 * len(matrices))]
+        else:
+            tensors = [t for qs in outputs.tensors for q in qs for t in (q.weight, q.weight_scale, q.weight_scale_2)]
+        held += sum(_nbytes(t) for t in tensors)
+        extra = [outputs.checks] + ([outputs.stats] if record_stats and outputs.stats is not None else [])
+        results, ready = _queue_host_copies(tensors + extra, pinned)
+    return _Flight(matrices, inputs, outputs, results, ready, held)
 
 
 def _run(
@@ -123,10 +235,9 @@ def _run(
 ) -> ShardResult:
     start = time.perf_counter()
     peak = _PeakCounter()
+    phases = _Phases()
     stats: dict[str, dict[str, Any]] = {}
     matrices = 0
-    # INT4 inputs are read into page-locked memory on CUDA so their copies to the device are asynchronous.
-    pin = device.type == "cuda"
     # The write queue never holds more than a quarter of the shard (16 MB for real shards).
     queue_bytes = min(WRITE_QUEUE_BYTES, job.output_bytes // _QUEUE_SHARD_FRACTION)
     with (
@@ -136,40 +247,43 @@ def _run(
         for info in job.passthrough:
             # Copied file to file through the writer's reusable buffers: bytes only, never a whole tensor.
             shard = files.shard(info.file)
-            writer.write_from(info.name, info.dtype, tuple(info.shape), functools.partial(shard.read_range, info.name))
+            with phases("passthrough"):
+                writer.write_from(info.name, info.dtype, tuple(info.shape), functools.partial(shard.read_range, info.name))
             peak.observe(writer.pending_bytes + min(info.nbytes, COPY_CHUNK_BYTES))
             if on_progress:
                 on_progress(info.nbytes)
-        for group in job.groups:
-            inputs = []
-            held = writer.pending_bytes
-            for m in group.matrices:
-                packed = files.read(m.packed.file, m.packed.name, pin_memory=pin)
-                scale = files.read(m.scale.file, m.scale.name, pin_memory=pin)
-                check_group_scale(scale, m)
-                held += _nbytes(packed) + _nbytes(scale)
-                # The packed int32 words travel, not unpacked codes; unpacking runs on the device.
-                inputs.append(
-                    Int4Matrix.from_packed(
-                        packed.to(device, non_blocking=True), scale.to(device, non_blocking=True), m.in_features
-                    )
-                )
-            outputs = quantize_int4_matrices(inputs, method)
-            held += sum(_nbytes(q.weight) + _nbytes(q.weight_scale) for q in outputs)
-            peak.observe(held)
-            mine = [(m, source, q) for m, source, q in zip(group.matrices, inputs, outputs) if job.writes(m)]
-            # (a partner from another shard is converted here only for the shared scale)
-            host = iter(_to_host([t for _, _, q in mine for t in (q.weight, q.weight_scale, q.weight_scale_2)]))
-            for m, source, q in mine:
-                if record_stats:
-                    stats[m.module] = error_stats(source, q).to_dict()
-                for suffix in ("weight", "weight_scale", "weight_scale_2"):
-                    writer.write(f"{m.module}.{suffix}", next(host))
+        in_flight: deque[_Flight] = deque()
+        depth = _BATCHES_IN_FLIGHT.get(device.type, 1)
+
+        def land(flight: _Flight) -> None:
+            nonlocal matrices
+            with phases("wait"):
+                host = flight.host_results()
+            count = len(flight.matrices)
+            tensors = host[: 3 * count]
+            _raise_on_bad_scales(host[3 * count].tolist(), flight.matrices)
+            rows = host[3 * count + 1].tolist() if record_stats else None
+            for i, m in enumerate(flight.matrices):
+                if not job.writes(m):
+                    continue  # a partner from another shard, converted here only for the shared scale
+                if rows is not None:
+                    stats[m.module] = stats_from_sums(rows[i], m.out_features * m.in_features).to_dict()
+                with phases("write"):
+                    for j, suffix in enumerate(("weight", "weight_scale", "weight_scale_2")):
+                        writer.write(f"{m.module}.{suffix}", tensors[3 * i + j])
                 matrices += 1
                 if on_progress:
                     on_progress(m.int4_bytes)
-            del inputs, outputs, mine, host
-        written = writer.commit()
+
+        for batch in batches(job.groups, device):
+            if len(in_flight) >= depth:
+                land(in_flight.popleft())
+            in_flight.append(_launch(batch, files, device, method, record_stats, phases))
+            peak.observe(writer.pending_bytes + sum(f.held for f in in_flight))
+        while in_flight:
+            land(in_flight.popleft())
+        with phases("commit"):
+            written = writer.commit()
     return ShardResult(
         written=written,
         tensor_stats=stats,
@@ -178,4 +292,5 @@ def _run(
         int4_input_bytes=job.int4_input_bytes,
         peak_tensor_bytes=peak.peak,
         seconds=time.perf_counter() - start,
+        phase_seconds=phases.seconds,
     )

@@ -35,10 +35,13 @@ def attention_block(
     return x + o, cache
 
 
-def mlp_block(cfg: K2Config, w: LayerWeights, h: torch.Tensor, *, observer: Observer | None = None) -> torch.Tensor:
+def mlp_block(
+    cfg: K2Config, w: LayerWeights, h: torch.Tensor, *, observer: Observer | None = None, need_output: bool = True
+) -> torch.Tensor | None:
+    """`h + mlp(norm(h))`; with `need_output=False` only the observer's statistics (returns None)."""
     normed = rms_norm(h, w.post_attention_layernorm, cfg.rms_norm_eps)
     if isinstance(w.mlp, MoEWeights):
-        y = moe(cfg, w.mlp, normed, layer=w.index, observer=observer)
+        y = moe(cfg, w.mlp, normed, layer=w.index, observer=observer, need_output=need_output)
     else:
-        y = swiglu_mlp(w.mlp, normed, layer=w.index, observer=observer)
-    return h + y
+        y = swiglu_mlp(w.mlp, normed, layer=w.index, observer=observer, need_output=need_output)
+    return h + y if need_output else None

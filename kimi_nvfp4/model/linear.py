@@ -14,12 +14,17 @@ NVFP4 emulation (what SGLang's `modelopt_fp4` kernels compute for a W4A4 linear 
   `input_scale_inv = 1 / input_scale`); then the matmul of the two dequantized operands, which equals
   the kernel's `alpha = input_scale * weight_scale_2` epilogue up to fp32 summation order.
 - W4A16 (Hopper/Ampere Marlin path): weights as above, activations untouched.
+
+`linear(x) == linear.matmul(linear.quantize_input(x))`: callers that feed many linears with the same
+input quantization (`input_quantizer()`) quantize once and call `matmul` on each (the fake quantization
+is row-local, so gathering rows of a quantized chunk is bit-identical to quantizing the rows).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from enum import Enum
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +35,10 @@ from ..numerics.nvfp4 import (
     dequantize_nvfp4,
     fake_quantize_activation_nvfp4,
 )
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
 
 
 class ActivationMode(str, Enum):
@@ -57,15 +66,41 @@ class Linear(ABC):
         return self._cached if self._cached is not None else self._dequantize()
 
     def materialize(self) -> None:
-        """Keep the dequantized weight (whole-model generation on small models; costs 32 bits/weight)."""
-        self._cached = self._dequantize()
+        """Keep the dequantized weight (costs `dequantized_bytes()`); a second call is free."""
+        if self._cached is None:
+            self._cached = self._dequantize()
+
+    @property
+    def materialized(self) -> bool:
+        return self._cached is not None
+
+    def dequantized_bytes(self) -> int:
+        """Memory `materialize()` adds: the weight in the compute dtype (0 when already dense/cached)."""
+        if self._cached is not None:
+            return 0
+        return self.out_features * self.in_features * self.dtype.itemsize
+
+    @abstractmethod
+    def stored_bytes(self) -> int:
+        """Bytes of the weight as loaded (before any `materialize`)."""
+
+    def input_quantizer(self) -> torch.Tensor | None:
+        """The static scale `quantize_input` uses, or None when it is the identity.
+
+        Two linears with the same quantizer (the same tensor) quantize any input to the same bits.
+        """
+        return None
 
     def quantize_input(self, x: torch.Tensor) -> torch.Tensor:
         """What the serving kernel does to the activation before the matmul (identity unless W4A4)."""
         return x
 
+    def matmul(self, xq: torch.Tensor) -> torch.Tensor:
+        """The product with an input that already went through `quantize_input`."""
+        return F.linear(xq, self.weight())
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.quantize_input(x), self.weight())
+        return self.matmul(self.quantize_input(x))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.module}, out={self.out_features}, in={self.in_features})"
@@ -84,6 +119,12 @@ class DenseLinear(Linear):
     def materialize(self) -> None:  # already dense
         pass
 
+    def dequantized_bytes(self) -> int:
+        return 0
+
+    def stored_bytes(self) -> int:
+        return _nbytes(self._weight)
+
 
 class Int4Linear(Linear):
     """compressed-tensors pack-quantized INT4 (group 32), dequantized exactly: `q * bf16 scale`."""
@@ -94,6 +135,9 @@ class Int4Linear(Linear):
         super().__init__(module, weight_packed.shape[0], in_features, dtype)
         self.weight_packed = weight_packed
         self.weight_scale = weight_scale
+
+    def stored_bytes(self) -> int:
+        return _nbytes(self.weight_packed) + _nbytes(self.weight_scale)
 
     def _dequantize(self) -> torch.Tensor:
         return dequantize_int4(self.weight_packed, self.weight_scale, self.in_features).to(self.dtype)
@@ -111,16 +155,32 @@ class NVFP4Linear(Linear):
         mode: ActivationMode = ActivationMode.W4A4,
     ):
         super().__init__(module, tensor.weight.shape[0], tensor.weight.shape[1] * 2, dtype)
-        if mode is ActivationMode.W4A4 and input_scale is None:
-            raise ValueError(f"{module}: W4A4 emulation needs an input_scale")
         self.tensor = tensor
+        # the Nvfp4Group the engine's loading rules were applied over (nvfp4_linears.py), if built there
+        self.group: Any = None
+        self.set_activations(mode, input_scale)
+
+    def set_activations(self, mode: ActivationMode | str, input_scale: torch.Tensor | None) -> None:
+        """Switch between W4A16 and W4A4 (or change the input scale) keeping the weight, and its
+        dequantized copy if materialized: the weight does not depend on the activation mode."""
+        mode = ActivationMode(mode)
+        if mode is ActivationMode.W4A4 and input_scale is None:
+            raise ValueError(f"{self.module}: W4A4 emulation needs an input_scale")
+        self.mode = mode
         self.input_scale = input_scale
-        self.mode = ActivationMode(mode)
 
     def _dequantize(self) -> torch.Tensor:
         return dequantize_nvfp4(self.tensor, dtype=torch.float32).to(self.dtype)
 
+    def stored_bytes(self) -> int:
+        return _nbytes(self.tensor.weight) + _nbytes(self.tensor.weight_scale)
+
+    def input_quantizer(self) -> torch.Tensor | None:
+        return self.input_scale if self.mode is ActivationMode.W4A4 else None
+
     def quantize_input(self, x: torch.Tensor) -> torch.Tensor:
         if self.mode is ActivationMode.W4A16 or x.shape[0] == 0:
             return x
+        # fp32 rounding steps, then back to the compute dtype (bf16 when emulating the bf16 server:
+        # the dequantized activation e2m1 * e4m3 * input_scale rounds once more, at most 2^-8 relative)
         return fake_quantize_activation_nvfp4(x, self.input_scale).to(x.dtype)

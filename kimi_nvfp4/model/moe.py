@@ -8,7 +8,19 @@ experts); the combine weights are the unbiased scores of the chosen experts, nor
 
 Experts run per expert on a gather of their routed tokens (no dense [T, E, ...] tensors); each
 token's routed outputs are summed in ascending expert order (as transformers' loop does) by a
-gather-add-scatter over unique token indices: no atomics, same bytes run to run.
+gather-add-scatter over unique token indices: no atomics, same bytes run to run. The routed sum is
+kept in fp32 whatever the compute dtype (the fused MoE kernels' finalize step accumulates in fp32 and
+writes bf16 once); in fp32 that is the same arithmetic as before.
+
+W4A4 activation quantization is row-local (per token, per 16 inputs), so when every routed expert's
+gate_proj/up_proj use the same input scale (SGLang's flashinfer `layer_max` reduction, the default)
+the chunk is quantized ONCE and each expert gathers its rows from it -- bit-identical to quantizing
+each expert's gathered rows, and 2 x n_experts fewer quantizations of `top_k` rows each. down_proj
+cannot share: each expert's input is its own SwiGLU output.
+
+`need_output=False` (statistics-only passes: calibrate's observe pass, `route_all`) skips what only the
+output needs -- the combine, and down_proj's matmul when the observer says `needs_outputs = False`
+(it then gets `y=None` for down_proj; its input, what calibration measures, is unchanged).
 """
 
 from __future__ import annotations
@@ -18,6 +30,7 @@ import torch.nn.functional as F
 
 from ..checkpoint.k2_config import K2Config
 from .layer_weights import MLPWeights, MoEWeights
+from .linear import Linear
 from .observer import Observer, notify_linear
 
 # transformers DeepseekV3TopkRouter: `denominator = topk_weights.sum(...) + 1e-20`
@@ -26,19 +39,58 @@ _NORM_EPS = 1e-20
 _GROUP_SCORE_TOP = 2
 
 
+def observer_needs_outputs(observer: Observer | None) -> bool:
+    """Whether `observer` reads the `y` of linears (True unless it says `needs_outputs = False`)."""
+    return observer is not None and getattr(observer, "needs_outputs", True)
+
+
 def swiglu_mlp(
-    w: MLPWeights, x: torch.Tensor, *, layer: int, observer: Observer | None = None,
-    expert: int | None = None, routed: bool = True,
-) -> torch.Tensor:
-    """`down(silu(gate(x)) * up(x))`, reporting each linear to the observer."""
-    gate = w.gate_proj(x)
-    notify_linear(observer, layer, w.gate_proj.module, x, gate, expert, routed)
-    up = w.up_proj(x)
-    notify_linear(observer, layer, w.up_proj.module, x, up, expert, routed)
+    w: MLPWeights, x: torch.Tensor | None, *, layer: int, observer: Observer | None = None,
+    expert: int | None = None, routed: bool = True, xq: torch.Tensor | None = None, need_output: bool = True,
+) -> torch.Tensor | None:
+    """`down(silu(gate(x)) * up(x))`, reporting each linear (with the raw `x`) to the observer.
+
+    `xq`: `x` already through the input quantization gate_proj and up_proj share (the caller
+    quantized a whole chunk; `x` may then be None when there is no observer). Otherwise `x` is
+    quantized once for both when they hold the same scale tensor (SGLang runs them as one w13 GEMM
+    with one scale; the loader gives them one tensor). `need_output=False`: the result is not used
+    (returns None; see the module docstring).
+    """
+    gate_lin, up_lin, down_lin = w.gate_proj, w.up_proj, w.down_proj
+    if xq is None:
+        xq = gate_lin.quantize_input(x)
+        xq_up = xq if up_lin.input_quantizer() is gate_lin.input_quantizer() else up_lin.quantize_input(x)
+    else:
+        xq_up = xq  # the caller quantized with the quantizer gate and up share
+    gate = gate_lin.matmul(xq)
+    notify_linear(observer, layer, gate_lin.module, x, gate, expert, routed)
+    up = up_lin.matmul(xq_up)
+    notify_linear(observer, layer, up_lin.module, x, up, expert, routed)
     h = F.silu(gate) * up
-    out = w.down_proj(h)
-    notify_linear(observer, layer, w.down_proj.module, h, out, expert, routed)
-    return out
+    if not need_output and not observer_needs_outputs(observer):
+        notify_linear(observer, layer, down_lin.module, h, None, expert, routed)
+        return None
+    out = down_lin(h)
+    notify_linear(observer, layer, down_lin.module, h, out, expert, routed)
+    return out if need_output else None
+
+
+def shared_input_quantizer(linears: list[Linear]) -> Linear | None:
+    """A linear whose input quantization every one of `linears` shares (None: they differ, or it is
+    the identity and there is nothing to share). Identical scale tensors are checked first (no device
+    sync); equal values in distinct tensors cost one comparison."""
+    if not linears:
+        return None
+    first = linears[0].input_quantizer()
+    if first is None:
+        return None
+    scales = [lin.input_quantizer() for lin in linears]
+    if any(s is None for s in scales):
+        return None
+    if all(s is first for s in scales):
+        return linears[0]
+    stacked = torch.stack([s.reshape(()).to(first.device) for s in scales])
+    return linears[0] if bool((stacked == first).all()) else None
 
 
 def route(cfg: K2Config, w: MoEWeights, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,8 +112,9 @@ def route(cfg: K2Config, w: MoEWeights, x: torch.Tensor) -> tuple[torch.Tensor, 
 
 
 def moe(
-    cfg: K2Config, w: MoEWeights, x: torch.Tensor, *, layer: int, observer: Observer | None = None
-) -> torch.Tensor:
+    cfg: K2Config, w: MoEWeights, x: torch.Tensor, *, layer: int, observer: Observer | None = None,
+    need_output: bool = True,
+) -> torch.Tensor | None:
     """Routed experts + shared expert for `x [T, hidden]` (already post_attention_layernorm'ed)."""
     T, hidden = x.shape
     topk_ids, topk_weights = route(cfg, w, x)
@@ -69,11 +122,13 @@ def moe(
         observer.on_router(layer, topk_ids, topk_weights)
     k = topk_ids.shape[1]
     n_experts = len(w.experts)
+    quantizer = shared_input_quantizer([lin for e in w.experts for lin in (e.gate_proj, e.up_proj)])
+    xq = quantizer.quantize_input(x) if quantizer is not None else None
 
     flat = topk_ids.reshape(-1)
     order = torch.argsort(flat, stable=True)  # (token, slot) pairs grouped by expert
     counts = torch.bincount(flat, minlength=n_experts).tolist()  # one host sync per chunk
-    out = x.new_zeros(T, hidden)
+    out = torch.zeros(T, hidden, dtype=torch.float32, device=x.device) if need_output else None
     start = 0
     for e, count in enumerate(counts):
         if count == 0:
@@ -81,14 +136,24 @@ def moe(
         pairs = order[start : start + count]
         start += count
         tokens, slots = pairs // k, pairs % k  # a token meets an expert at most once: `tokens` is unique
-        y = swiglu_mlp(w.experts[e], x[tokens], layer=layer, observer=observer, expert=e)
-        out[tokens] = out[tokens] + y * topk_weights[tokens, slots, None].to(y.dtype)
+        rows = x[tokens] if xq is None or observer is not None else None
+        y = swiglu_mlp(
+            w.experts[e], rows, layer=layer, observer=observer, expert=e,
+            xq=xq[tokens] if xq is not None else None, need_output=need_output,
+        )
+        if out is not None:
+            out[tokens] = out[tokens] + y.to(torch.float32) * topk_weights[tokens, slots, None].to(torch.float32)
 
     if observer is not None and getattr(observer, "route_all", False):
         # statistics only: every token through every expert; the result is discarded
         for e in range(n_experts):
-            swiglu_mlp(w.experts[e], x, layer=layer, observer=observer, expert=e, routed=False)
+            swiglu_mlp(w.experts[e], x, layer=layer, observer=observer, expert=e, routed=False, xq=xq,
+                       need_output=False)
 
+    shared = None
     if w.shared_experts is not None:
-        out = out + swiglu_mlp(w.shared_experts, x, layer=layer, observer=observer)
-    return out
+        shared = swiglu_mlp(w.shared_experts, x, layer=layer, observer=observer, need_output=need_output)
+    if out is None:
+        return None
+    out = out.to(x.dtype)
+    return out + shared if shared is not None else out

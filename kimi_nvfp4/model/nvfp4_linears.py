@@ -13,6 +13,10 @@ and ModelOptFp4LinearMethod `process_weights_after_loading`):
   per-expert `w2_input_scale`: reduction "per_expert".
 - Fused dense NVFP4 linears (gate_up_proj of the dense MLP / shared expert; fused_qkv_a_proj_with_mqa)
   take `input_scale.max()` and `weight_scale_2.max()` over the fused parts WITHOUT requantizing.
+
+Each built linear remembers its `Nvfp4Group` (the raw tensors the rules were applied to, no copies),
+so `Nvfp4LinearBuilder.reconfigure` can move an already loaded layer to another activation mode or
+other input scales without reloading or re-dequantizing it (calibrate: observe W4A16, advance W4A4).
 """
 
 from __future__ import annotations
@@ -50,6 +54,18 @@ class RawNvfp4:
         return int(parts[2]), parts[3]
 
 
+@dataclass
+class Nvfp4Group:
+    """Linears the engine loads together (a layer's routed experts, or one fused dense group).
+
+    Held by each of its linears (`NVFP4Linear.group`); it references the linears' own tensors, never
+    the linears (no reference cycle: a layer is freed as soon as its last user drops it)."""
+
+    layer: int
+    raw: list[RawNvfp4]
+    experts: bool
+
+
 def _max(scales: list[torch.Tensor]) -> torch.Tensor:
     return torch.stack(scales).max()
 
@@ -75,37 +91,52 @@ class Nvfp4LinearBuilder:
     def build(
         self, layer: int, raw: list[RawNvfp4], dtype: torch.dtype, *, experts: bool
     ) -> dict[str, Linear]:
-        scales = {r.rel: self._input_scale(layer, r) for r in raw}
-        w4a4 = self.mode is ActivationMode.W4A4
+        group = Nvfp4Group(layer, list(raw), experts)
+        act = self.activation_scales(group)
         if experts:
-            scale_2, act = self._expert_rules(raw, scales, w4a4)
+            scale_2 = _expert_weight_scales_2(raw)
         else:
             scale_2 = {r.rel: _max([x.weight_scale_2 for x in raw]) for r in raw}
-            act = {r.rel: _max([scales[x.rel] for x in raw]) if w4a4 else None for r in raw}
-        return {
-            r.rel: NVFP4Linear(
+        out: dict[str, Linear] = {}
+        for r in raw:
+            lin = NVFP4Linear(
                 r.rel,
                 NVFP4Tensor(weight=r.weight, weight_scale=r.weight_scale, weight_scale_2=scale_2[r.rel]),
                 dtype,
                 input_scale=act[r.rel],
                 mode=self.mode,
             )
-            for r in raw
-        }
+            lin.group = group
+            out[r.rel] = lin
+        return out
 
-    def _expert_rules(self, raw: list[RawNvfp4], scales: dict, w4a4: bool):
-        by_expert: dict[int, dict[str, RawNvfp4]] = {}
-        for r in raw:
-            e, proj = r.expert_and_proj
-            by_expert.setdefault(e, {})[proj] = r
-        scale_2: dict[str, torch.Tensor] = {}
-        for projs in by_expert.values():
-            for proj, r in projs.items():
-                gate = projs.get("gate_proj")
-                scale_2[r.rel] = gate.weight_scale_2 if proj == "up_proj" and gate is not None else r.weight_scale_2
+    def reconfigure(self, linears: list[NVFP4Linear]) -> None:
+        """Apply this builder's mode and input scales to linears another builder built (same rules as
+        `build`, same weights, dequantized copies kept). Every linear must carry its `group`."""
+        groups: dict[int, tuple[Nvfp4Group, list[NVFP4Linear]]] = {}
+        for lin in linears:
+            group = getattr(lin, "group", None)
+            if group is None:
+                raise ValueError(f"{lin.module}: not built by Nvfp4LinearBuilder, cannot be reconfigured")
+            groups.setdefault(id(group), (group, []))[1].append(lin)
+        for group, members in groups.values():
+            act = self.activation_scales(group)
+            for lin in members:
+                lin.set_activations(self.mode, act[lin.module])
+
+    def activation_scales(self, group: Nvfp4Group) -> dict[str, torch.Tensor | None]:
+        """The input scale each linear of `group` runs with (None for all in W4A16)."""
+        if self.mode is not ActivationMode.W4A4:
+            return {r.rel: None for r in group.raw}
+        scales = {r.rel: self._input_scale(group.layer, r) for r in group.raw}
+        if group.experts:
+            return self._expert_input_scales(group.raw, scales)
+        fused = _max([scales[x.rel] for x in group.raw])
+        return {r.rel: fused for r in group.raw}
+
+    def _expert_input_scales(self, raw: list[RawNvfp4], scales: dict) -> dict[str, torch.Tensor | None]:
+        by_expert = _by_expert(raw)
         act: dict[str, torch.Tensor | None] = {r.rel: None for r in raw}
-        if not w4a4:
-            return scale_2, act
         w13 = [r for r in raw if r.expert_and_proj[1] != "down_proj"]
         w2 = [r for r in raw if r.expert_and_proj[1] == "down_proj"]
         if self.reduction is InputScaleReduction.LAYER_MAX:
@@ -118,6 +149,25 @@ class Nvfp4LinearBuilder:
         else:
             for projs in by_expert.values():
                 pair = [scales[r.rel] for p, r in projs.items() if p != "down_proj"]
+                w13_scale = _max(pair) if pair else None  # one tensor for gate and up: quantized once
                 for p, r in projs.items():
-                    act[r.rel] = scales[r.rel] if p == "down_proj" else _max(pair)
-        return scale_2, act
+                    act[r.rel] = scales[r.rel] if p == "down_proj" else w13_scale
+        return act
+
+
+def _by_expert(raw: list[RawNvfp4]) -> dict[int, dict[str, RawNvfp4]]:
+    by_expert: dict[int, dict[str, RawNvfp4]] = {}
+    for r in raw:
+        e, proj = r.expert_and_proj
+        by_expert.setdefault(e, {})[proj] = r
+    return by_expert
+
+
+def _expert_weight_scales_2(raw: list[RawNvfp4]) -> dict[str, torch.Tensor]:
+    """up_proj takes gate_proj's weight_scale_2 (SGLang keeps `w13_weight_scale_2[:, 0]`)."""
+    scale_2: dict[str, torch.Tensor] = {}
+    for projs in _by_expert(raw).values():
+        gate = projs.get("gate_proj")
+        for proj, r in projs.items():
+            scale_2[r.rel] = gate.weight_scale_2 if proj == "up_proj" and gate is not None else r.weight_scale_2
+    return scale_2

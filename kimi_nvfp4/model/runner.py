@@ -5,6 +5,10 @@ sequence's hidden states `[seq_len, hidden]` -- on the compute device, or on `st
 "cpu" while computing on "cuda") when they do not fit. Token-wise work (MLP/MoE, lm_head) runs on
 chunks of at most `max_chunk_tokens` tokens; attention runs per sequence with its score matrix
 blocked to `attention.ATTENTION_SCORE_BUDGET`.
+
+A layer is `attend` (per sequence, returns the post-attention residual) then `feed_forward` (token
+chunks across sequences, in place); `apply_layer` = load + both. Calibration calls the halves itself
+so that one loaded layer and one attention serve both its W4A16 observe and W4A4 advance passes.
 """
 
 from __future__ import annotations
@@ -24,9 +28,24 @@ from .observer import Observer
 from .rope import RotaryEmbedding
 from .weights import WeightSource
 
-# MoE/lm_head work per chunk: ~4 x tokens x hidden floats (1.9 GB at 16k K2.6 tokens in fp32). Larger
-# chunks mean fewer dequantizations of each expert (once per chunk unless `materialize_layers`).
+# MoE/lm_head work per chunk: ~4 x tokens x hidden floats (1.9 GB at 16k K2.6 tokens in fp32), up to
+# CHUNK_BYTES_PER_VALUE bytes per value in W4A4. Larger chunks mean fewer dequantizations of each expert
+# (once per chunk unless `materialize_layers`) and fewer, larger per-expert matmuls.
 DEFAULT_MAX_CHUNK_TOKENS = 16384
+AUTO = "auto"
+# Peak bytes per (token x hidden) value of one W4A4 MoE chunk, counted from the ops: the gathered chunk,
+# its norm and its quantized copy in the compute dtype, the fp32 routed sum (~4 x 4 B in fp32), plus
+# fake_quantize_activation_nvfp4's temporaries (fp32 copy, scaled blocks, |x|, codes, int32 index,
+# decoded values: ~14-16 B). Rounded up; used only to decide `materialize_layers="auto"`.
+CHUNK_BYTES_PER_VALUE = 40
+# Kept free besides a chunk's work when deciding to materialize: attention score blocks
+# (ATTENTION_SCORE_BUDGET fp32 = 1 GiB), allocator fragmentation, the CUDA context's later needs.
+MATERIALIZE_HEADROOM_BYTES = 4 * 2**30
+
+
+def layer_stored_bytes(w: LayerWeights) -> int:
+    """Bytes a loaded layer's linears hold as stored (packed codes, scales, dense weights)."""
+    return sum(lin.stored_bytes() for lin in w.linears())
 
 
 @dataclass
@@ -78,7 +97,7 @@ class LayerStreamRunner:
         max_chunk_tokens: int | None = DEFAULT_MAX_CHUNK_TOKENS,
         states_device: torch.device | str | None = None,
         progress: bool = True,
-        materialize_layers: bool = False,
+        materialize_layers: bool | str = False,
         prefetch: bool = False,
     ):
         self.source = source
@@ -88,8 +107,11 @@ class LayerStreamRunner:
         self.max_chunk_tokens = max_chunk_tokens
         self.states_device = torch.device(states_device) if states_device is not None else self.device
         self.progress = progress
-        # dequantize every linear once per layer (32 bits/weight: 68 GB for a K2.6 layer in fp32) instead
-        # of once per expert per chunk; worth it when the device has the room
+        # dequantize every linear once per layer (32 bits/weight: 68 GB for a K2.6 layer in fp32, 34 GB in
+        # bf16) instead of once per expert per chunk; worth it when the device has the room. "auto": on
+        # CUDA, when the layer fits the free memory at its first feed_forward (else per chunk)
+        if materialize_layers not in (True, False, AUTO):
+            raise ValueError(f"materialize_layers must be True, False or {AUTO!r}, got {materialize_layers!r}")
         self.materialize_layers = materialize_layers
         # `apply_layer(i)` starts loading layer i+1 in a background thread (two layers resident)
         self.prefetch_next = prefetch
@@ -113,12 +135,12 @@ class LayerStreamRunner:
 
     def _load(self, i: int) -> LayerWeights:
         w = self.source.layer(i, self.device, self.dtype)
-        if self.materialize_layers:
+        if self.materialize_layers is True:
             w.materialize()
         return w
 
     def prefetch(self, i: int) -> None:
-        """Start loading layer i in a background thread; the next `apply_layer(i, ...)` picks it up."""
+        """Start loading layer i in a background thread; the next `load_layer(i)` picks it up."""
         if not 0 <= i < self.num_layers or (self._pending is not None and self._pending[0] == i):
             return
         if self._loader is None:
@@ -133,27 +155,80 @@ class LayerStreamRunner:
             pending[1].result()  # finish (and drop) a prefetch nobody asked for
         return self._load(i)
 
-    def apply_layer(self, i: int, states: HiddenStates, observer: Observer | None = None) -> HiddenStates:
-        """Load layer i (or take the prefetched one), run every sequence through it, free it."""
+    def load_layer(self, i: int) -> LayerWeights:
+        """Layer i's weights (the prefetched copy if there is one); starts prefetching i+1 if enabled."""
         w = self._take(i)
         if self.prefetch_next:
             self.prefetch(i + 1)
-        cfg = self.config
-        after_attn = []
+        return w
+
+    def attend(self, i: int, states: HiddenStates, w: LayerWeights, observer: Observer | None = None) -> HiddenStates:
+        """`x + attn(norm(x))` for every sequence: the post-attention residual, as new tensors
+        (`states` is left as it was)."""
+        if w.index != i:
+            raise ValueError(f"weights of layer {w.index} passed for layer {i}")
+        out = []
         for x in states.sequences:
             h, _ = attention_block(
-                cfg, self.rope, w, x.to(self.device), observer=observer, max_chunk_tokens=self.max_chunk_tokens
+                self.config, self.rope, w, x.to(self.device), observer=observer, max_chunk_tokens=self.max_chunk_tokens
             )
-            after_attn.append(h.to(self.states_device))
-        for chunk in token_chunks([h.shape[0] for h in after_attn], self.max_chunk_tokens):
-            x = torch.cat([after_attn[si][a:b] for si, a, b in chunk]).to(self.device)
-            y = mlp_block(cfg, w, x, observer=observer).to(self.states_device)
+            out.append(h.to(self.states_device))
+        return HiddenStates(out)
+
+    def feed_forward(
+        self, states: HiddenStates, w: LayerWeights, observer: Observer | None = None, *, output: bool = True
+    ) -> HiddenStates | None:
+        """`h + mlp(norm(h))` on chunks of tokens across sequences, written back INTO `states` (returned).
+
+        `output=False`: a statistics-only pass for `observer` -- `states` is not modified and the work
+        only the output needs is skipped (moe.py); returns None.
+        """
+        self._auto_materialize(w, states.num_tokens)
+        for chunk in token_chunks(states.lengths, self.max_chunk_tokens):
+            x = torch.cat([states.sequences[si][a:b] for si, a, b in chunk]).to(self.device)
+            y = mlp_block(self.config, w, x, observer=observer, need_output=output)
+            if not output:
+                continue
+            y = y.to(self.states_device)
             offset = 0
             for si, a, b in chunk:
-                after_attn[si][a:b] = y[offset : offset + b - a]
+                states.sequences[si][a:b] = y[offset : offset + b - a]
                 offset += b - a
+        return states if output else None
+
+    def apply_layer(self, i: int, states: HiddenStates, observer: Observer | None = None) -> HiddenStates:
+        """Load layer i (or take the prefetched one), run every sequence through it, free it."""
+        w = self.load_layer(i)
+        out = self.feed_forward(self.attend(i, states, w, observer), w, observer)
         del w
-        return HiddenStates(after_attn)
+        return out
+
+    # --- materialize_layers="auto" ------------------------------------------------------------
+    def chunk_bytes(self, num_tokens: int) -> int:
+        """Rough peak working memory of one MLP/MoE chunk over `num_tokens` tokens in all: input, norm,
+        fp32 routed sum, the W4A4 quantization's temporaries (CHUNK_BYTES_PER_VALUE per value)."""
+        tokens = min(self.max_chunk_tokens or num_tokens, num_tokens)
+        return CHUNK_BYTES_PER_VALUE * tokens * self.config.hidden_size
+
+    def materialize_fits(self, w: LayerWeights, num_tokens: int, free_bytes: int) -> bool:
+        """Whether dequantizing `w` once leaves room for a chunk's work over `num_tokens` tokens, a
+        prefetched layer if one is coming, and MATERIALIZE_HEADROOM_BYTES, within `free_bytes`."""
+        need = sum(lin.dequantized_bytes() for lin in w.linears())
+        headroom = self.chunk_bytes(num_tokens) + MATERIALIZE_HEADROOM_BYTES
+        if self._pending is not None:
+            headroom += layer_stored_bytes(w)
+        return need + headroom <= free_bytes
+
+    def _auto_materialize(self, w: LayerWeights, num_tokens: int) -> None:
+        """`materialize_layers="auto"`: on CUDA, dequantize the layer once if it fits the free memory
+        now (after attention, with the layer input freed); else keep dequantizing per chunk."""
+        if self.materialize_layers != AUTO or self.device.type != "cuda":
+            return
+        free, _total = torch.cuda.mem_get_info(self.device)
+        # blocks the caching allocator holds but does not use are free for our tensors too
+        free += torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+        if self.materialize_fits(w, num_tokens, free):
+            w.materialize()
 
     def logits(self, states: HiddenStates) -> Iterator[torch.Tensor]:
         """Per sequence, `[seq_len, vocab]` logits on the compute device (final norm, then lm_head)."""

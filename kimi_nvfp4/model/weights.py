@@ -25,7 +25,7 @@ from ..checkpoint.reader import INDEX_NAME, CheckpointReader
 from ..errors import CheckpointError, UnsupportedCheckpointError
 from ..numerics.constants import INT4_GROUP_SIZE, INT4_PER_INT32, NVFP4_BLOCK_SIZE
 from .layer_weights import AttentionWeights, LayerWeights, MLPWeights, MoEWeights
-from .linear import DenseLinear, Int4Linear, Linear
+from .linear import DenseLinear, Int4Linear, Linear, NVFP4Linear
 from .nvfp4_linears import InputScaleReduction, Nvfp4LinearBuilder, RawNvfp4
 
 
@@ -284,6 +284,23 @@ class NVFP4Weights(_CheckpointWeights):
 
     def _build_nvfp4(self, layer: int, raw: list[RawNvfp4], dtype, experts: bool) -> dict[str, Linear]:
         return self.builder.build(layer, raw, dtype, experts=experts)
+
+    def set_activations(
+        self,
+        w: LayerWeights,
+        activations: str,
+        input_scales: Mapping[str, torch.Tensor | float] | None = None,
+    ) -> None:
+        """Switch an already loaded layer's NVFP4 linears to `activations` ("w4a4"/"w4a16"), with
+        `input_scales` (same keys as the constructor's) on top of this source's own overrides.
+
+        Same result as loading the layer from a source opened with those options, without reading
+        the checkpoint again; weights (and dequantized copies, if materialized) are kept. Calibrate
+        observes a layer in W4A16 and then advances it in W4A4 with the scales it just chose.
+        """
+        overrides = {**self.builder.overrides, **_normalise_scale_keys(input_scales or {}, self.layout.text_prefix)}
+        builder = Nvfp4LinearBuilder(activations=activations, reduction=self.builder.reduction, overrides=overrides)
+        builder.reconfigure([lin for lin in w.linears() if isinstance(lin, NVFP4Linear)])
 
 
 def _normalise_scale_keys(scales: Mapping[str, Any], text_prefix: str) -> dict[str, torch.Tensor]:

@@ -33,6 +33,7 @@ __all__ = [
     "fake_quantize_activation_nvfp4",
     "quantize_nvfp4",
     "tensor_scale_from_amax",
+    "tensor_scales_from_amax",
 ]
 
 # Model Optimizer gives an all-zero block the scale 1.0 (`per_block_scale[per_block_scale == 0] = 1.0`).
@@ -74,7 +75,12 @@ def tensor_scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
     An all-zero tensor (amax 0) would give 0 and then 0/0 block scales (NaN in Model Optimizer); we use
     the scale of amax 1 instead so that every block gets the zero-block scale 1.0 and codes 0.
     """
-    amax = torch.as_tensor(amax).to(torch.float32).reshape(())
+    return tensor_scales_from_amax(torch.as_tensor(amax).reshape(()))
+
+
+def tensor_scales_from_amax(amax: torch.Tensor) -> torch.Tensor:
+    """`tensor_scale_from_amax` elementwise (float32, same shape), for many scale groups at once."""
+    amax = amax.to(torch.float32)
     amax = torch.where(amax > 0, amax, torch.ones_like(amax))
     return divide_exactly(amax, NVFP4_TENSOR_SCALE_DENOMINATOR)
 

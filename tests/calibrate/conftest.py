@@ -60,3 +60,53 @@ def sessions_jsonl(tmp_path) -> Path:
     path = tmp_path / "sessions.jsonl"
     path.write_text("".join(json.dumps(session(i, turns=1 + i % 3)) + "\n" for i in range(12)))
     return path
+
+
+def quantize_dense_linears(root: Path, select) -> list[str]:
+    """Rewrite the checkpoint at `root` with the BF16 linears `select(module name)` picks stored as
+    NVFP4 too (each with its own weight_scale_2, no input_scale): a layout where attention (or a
+    shared expert) is NVFP4, which K2.6 never has. Returns the module names converted."""
+    import torch
+    from safetensors.torch import save_file
+
+    from kimi_nvfp4.checkpoint.reader import INDEX_NAME, CheckpointReader
+    from kimi_nvfp4.numerics.nvfp4 import quantize_nvfp4
+
+    reader = CheckpointReader(root)
+    shards: dict[str, dict[str, torch.Tensor]] = {}
+    for name, file in reader.weight_map.items():
+        shards.setdefault(file, {})[name] = reader.load(name)
+    reader.close()
+    converted, weight_map, total = [], {}, 0
+    for file, tensors in shards.items():
+        out = {}
+        for name, t in tensors.items():
+            module = name.removesuffix(".weight")
+            if name.endswith(".weight") and t.dtype == torch.bfloat16 and t.ndim == 2 and select(module):
+                q = quantize_nvfp4(t.to(torch.float32))
+                out[f"{module}.weight"], out[f"{module}.weight_scale"] = q.weight, q.weight_scale
+                out[f"{module}.weight_scale_2"] = q.weight_scale_2.clone()
+                converted.append(module)
+            else:
+                out[name] = t
+        save_file(out, str(root / file))
+        weight_map.update({n: file for n in out})
+        total += sum(t.numel() * t.element_size() for t in out.values())
+    index = json.loads((root / INDEX_NAME).read_text())
+    index["weight_map"], index["metadata"]["total_size"] = weight_map, total
+    (root / INDEX_NAME).write_text(json.dumps(index))
+    return converted
+
+
+@pytest.fixture
+def attention_nvfp4_pair(converted_pair) -> tuple[Path, Path, list[str]]:
+    """`converted_pair` with layer 0's o_proj and fused q_a/kv_a, and layer 1's shared-expert gate/up,
+    stored as NVFP4 as well: (source, output, modules converted)."""
+    src, out = converted_pair
+
+    def select(module: str) -> bool:
+        return module.endswith(("layers.0.self_attn.o_proj", "layers.0.self_attn.q_a_proj",
+                                "layers.0.self_attn.kv_a_proj_with_mqa", "layers.1.mlp.shared_experts.gate_proj",
+                                "layers.1.mlp.shared_experts.up_proj"))
+
+    return src, out, quantize_dense_linears(out, select)

@@ -226,7 +226,9 @@ def test_summary_counts_and_cli_json(source, tmp_path):
 
 def test_compressed_tensors_reads_the_output_as_modelopt_nvfp4(converted):
     """compressed-tensors' own ModelOpt-NVFP4 converter accepts every output shard as is."""
-    from compressed_tensors.entrypoints.convert.converters.modelopt_nvfp4 import ModelOptNvfp4Converter
+    from compressed_tensors.entrypoints.convert.converters.modelopt_nvfp4 import (
+        ModelOptNvfp4Converter,
+    )
 
     _, out = converted
     converter = ModelOptNvfp4Converter()

@@ -5,13 +5,16 @@ from __future__ import annotations
 import pytest
 
 from kimi_nvfp4.checkpoint.manifest import load_manifest
-from kimi_nvfp4.convert import convert_checkpoint
+from kimi_nvfp4.convert import convert_checkpoint, job
 from kimi_nvfp4.numerics.methods import ScaleMethod
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("batch_bytes", [None, 3000], ids=["one-batch", "many-batches"])
 @pytest.mark.parametrize("method", [m.value for m in ScaleMethod])
-def test_cuda_and_cpu_write_the_same_shards(source, tmp_path, method):
+def test_cuda_and_cpu_write_the_same_shards(source, tmp_path, monkeypatch, method, batch_bytes):
+    if batch_bytes is not None:  # several batches in flight on the device
+        monkeypatch.setitem(job._BATCH_INT4_BYTES, "cuda", batch_bytes)
     cpu, gpu = tmp_path / "cpu", tmp_path / "gpu"
     convert_checkpoint(source, cpu, method=method, device="cpu", progress=False)
     summary = convert_checkpoint(source, gpu, method=method, device="cuda", workers=2, progress=False)

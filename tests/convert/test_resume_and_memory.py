@@ -6,7 +6,12 @@ import json
 
 import pytest
 
-from kimi_nvfp4.checkpoint.manifest import MANIFEST_NAME, StageRecord, load_manifest, save_manifest
+from kimi_nvfp4.checkpoint.manifest import (
+    MANIFEST_NAME,
+    StageRecord,
+    load_manifest,
+    save_manifest,
+)
 from kimi_nvfp4.checkpoint.reader import INDEX_NAME
 from kimi_nvfp4.convert import api, convert_checkpoint
 from kimi_nvfp4.errors import CheckpointError, OutputError

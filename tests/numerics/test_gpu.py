@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kimi_nvfp4.numerics.methods import ScaleMethod, quantize_int4_matrices
 from kimi_nvfp4.numerics.constants import NVFP4_TENSOR_SCALE_DENOMINATOR
+from kimi_nvfp4.numerics.methods import ScaleMethod, quantize_int4_matrices
 from kimi_nvfp4.numerics.nvfp4 import divide_exactly, fake_quantize_activation_nvfp4
 
 from .conftest import realistic_int4

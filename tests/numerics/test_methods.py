@@ -228,10 +228,10 @@ def test_distinct_sorted_equals_torch_unique_for_bf16_scales_and_falls_back_othe
 
 def test_error_stats_over_several_row_chunks_match_a_direct_computation():
     from kimi_nvfp4.numerics.methods import error_stats
-    from kimi_nvfp4.numerics.methods.stats import _STATS_ROW_CHUNK
+    from kimi_nvfp4.numerics.methods.stats import _STATS_STEP_ELEMENTS
     from kimi_nvfp4.numerics.nvfp4 import dequantize_nvfp4
 
-    m = realistic_int4(2 * _STATS_ROW_CHUNK + 3, 64, seed=5)
+    m = realistic_int4(2 * _STATS_STEP_ELEMENTS["cpu"] // 64 + 3, 64, seed=5)
     q = quantize_int4_matrices([m], ScaleMethod.AMAX)[0]
     diff = (dequantize_nvfp4(q) - m.values()).double()
     s = error_stats(m, q)

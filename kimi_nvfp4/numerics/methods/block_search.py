@@ -32,6 +32,7 @@ __all__ = [
     "distinct_sorted",
     "flat_blocks",
     "magnitude_histogram",
+    "magnitude_histogram_packed",
     "pairwise_sum_dim1",
     "select_best",
 ]
@@ -65,6 +66,27 @@ def magnitude_histogram(block_codes: torch.Tensor) -> torch.Tensor:
     counts.scatter_add_(-1, magnitude, torch.ones_like(magnitude, dtype=torch.int32))
     # A [8, B] view of [B, 8] storage: `ErrorTable.errors` multiplies along the contiguous [B, 8] layout.
     return counts[:, 1:].to(torch.float32).contiguous().t()
+
+
+# Per-block counts of each |q| packed into one int64 (a 5-bit field per magnitude 1..8; a count is at
+# most 16), so ONE row reduction replaces eight: reductions over 16-wide rows dominate on CUDA.
+_COUNT_FIELD_BITS = 5
+_COUNT_FIELD_MASK = (1 << _COUNT_FIELD_BITS) - 1
+
+
+def _count_field_table(device: torch.device) -> torch.Tensor:
+    fields = [0] + [1 << (_COUNT_FIELD_BITS * (k - 1)) for k in MAGNITUDES]  # |q| = 0 counts nowhere
+    return torch.tensor(fields, dtype=torch.int64, device=device)
+
+
+def magnitude_histogram_packed(block_codes: torch.Tensor) -> torch.Tensor:
+    """`magnitude_histogram` (the same exact counts) as float32 `[8, B]` contiguous, through one int64
+    row sum of packed per-magnitude fields instead of a scatter-add (atomics serialise on CUDA)."""
+    magnitude = block_codes.to(torch.int32).abs_()
+    fields = torch.index_select(_count_field_table(block_codes.device), 0, magnitude.reshape(-1))
+    packed = fields.view(block_codes.shape).sum(dim=-1)
+    counts = [(packed >> (_COUNT_FIELD_BITS * (k - 1))) & _COUNT_FIELD_MASK for k in MAGNITUDES]
+    return torch.stack(counts).to(torch.float32)
 
 
 def pairwise_sum_dim1(x: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,6 @@ ModelOptNvFp4FusedMoEMethod.process_weights_after_loading), so convert passes ga
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
@@ -23,9 +22,11 @@ from ..e4m3 import (
 from ..nvfp4 import (
     ZERO_BLOCK_SCALE,
     NVFP4Tensor,
+    divide_exactly,
     encode_with_block_scales,
     quantize_nvfp4,
     tensor_scale_from_amax,
+    tensor_scales_from_amax,
 )
 from .block_search import (
     ErrorTable,
@@ -77,10 +78,24 @@ def shared_tensor_scale(mats: Sequence[Int4Matrix], method: ScaleMethod | str = 
     """
     method = ScaleMethod(method)
     amax = torch.stack([m.amax() for m in mats]).amax()
-    if method is ScaleMethod.AMAX or not float(amax) > 0:
+    if method is ScaleMethod.AMAX:
         return tensor_scale_from_amax(amax)
-    exponent = math.ceil(math.log2(float(amax) / (E4M3_MAX * INT4_AWARE_HEADROOM)))
-    return torch.tensor(2.0**exponent, dtype=torch.float32, device=amax.device)
+    return power_of_two_tensor_scale(amax)
+
+
+def power_of_two_tensor_scale(amax: torch.Tensor) -> torch.Tensor:
+    """The smallest power of two at or above `amax / (448 * 3.5)` (float32, same shape as `amax`), computed
+    on `amax`'s device without reading it back; `amax <= 0` gets Model Optimizer's `amax / 2688` rule.
+
+    `frexp` gives x = m * 2**e with m in [0.5, 1), so ceil(log2(x)) is e, or e - 1 when m is exactly 0.5
+    (x a power of two): exact integer arithmetic, where a float log2 can round an x just above a power of
+    two down onto it. The float64 quotient is correctly rounded on every device (`divide_exactly`).
+    """
+    ratio = divide_exactly(amax.to(torch.float64), E4M3_MAX * INT4_AWARE_HEADROOM)
+    mantissa, exponent = torch.frexp(ratio)
+    exponent = exponent - (mantissa == 0.5).to(exponent.dtype)
+    scale = torch.ldexp(torch.ones_like(ratio), exponent).to(torch.float32)
+    return torch.where(amax > 0, scale, tensor_scales_from_amax(amax))
 
 
 def _candidate_bits(method: ScaleMethod, block_codes, block_scale, weight_scale_2) -> torch.Tensor:

@@ -10,10 +10,11 @@ from ..constants import INT4_GROUP_SIZE
 from ..nvfp4 import NVFP4Tensor, dequantize_nvfp4
 from .types import Int4Matrix
 
-__all__ = ["MatrixErrorStats", "error_stats"]
+__all__ = ["MatrixErrorStats", "error_stats", "error_sums", "stats_from_sums"]
 
-# Rows per step: bounds the float32 temporaries for a [7168, 2048] matrix to a few MB.
-_STATS_ROW_CHUNK = 1024
+# Elements per step: bounds the float32 temporaries to a few MB on CPU (1024 rows of a [7168, 2048]
+# matrix); on CUDA a whole K2.6 expert matrix is one step (each step is ~15 kernel launches).
+_STATS_STEP_ELEMENTS = {"cpu": 1024 * 2048, "cuda": 8 * 2048 * 7168}
 
 
 @dataclass
@@ -61,47 +62,56 @@ def _sum_squares(m: Int4Matrix) -> torch.Tensor:
     return (m.group_scale.to(torch.float64).square() * code_squares).sum()
 
 
-def error_stats(m: Int4Matrix, q: NVFP4Tensor) -> MatrixErrorStats:
-    """Compare `q` (dequantized as Model Optimizer does) with the exact values of `m`.
+def error_sums(m: Int4Matrix, q: NVFP4Tensor) -> torch.Tensor:
+    """float64 `[4]` on `m`'s device: sum of squared errors, sum of squares, inexact elements, max |error|.
 
-    Sums of squares are float64 (`vector_norm(..., dtype=float64)` widens each fp32 element before
-    squaring, so no square is rounded); the per-chunk partial results stay on the matrix's device and
-    are read back once, so a CUDA conversion synchronises once per matrix, not per chunk.
+    Nothing is read back, so a GPU conversion can compute the stats of many matrices and read them all
+    at once. Sums of squares are float64 (`vector_norm(..., dtype=float64)` widens each fp32 element
+    before squaring, so no square is rounded); chunks are added in order, one at a time, so the totals
+    are the same IEEE operations on every device.
     """
     if tuple(q.shape) != tuple(m.shape):
         raise ValueError(f"NVFP4 shape {q.shape} does not match INT4 shape {m.shape}")
-    numel = m.codes.numel()
+    totals = torch.zeros(4, dtype=torch.float64, device=m.device)
+    q = q.to(m.device)
+    rows = m.shape[0]
+    budget = _STATS_STEP_ELEMENTS.get(m.device.type, _STATS_STEP_ELEMENTS["cpu"])
+    step = max(1, budget // max(1, m.shape[1]))
+    for start in range(0, rows, step):
+        stop = min(rows, start + step)
+        chunk = m.rows(start, stop)
+        part = NVFP4Tensor(q.weight[start:stop], q.weight_scale[start:stop], q.weight_scale_2)
+        diff = dequantize_nvfp4(part) - chunk.values()
+        lowest, highest = torch.aminmax(diff)  # max |diff| without an |diff| temporary
+        norm = torch.linalg.vector_norm(diff, dtype=torch.float64)
+        part = torch.stack(
+            [norm * norm, _sum_squares(chunk), torch.count_nonzero(diff).to(torch.float64), torch.zeros_like(norm)]
+        )
+        totals = totals + part
+        totals[3] = torch.maximum(totals[3], torch.maximum(-lowest, highest).to(torch.float64))
+    return totals
+
+
+def stats_from_sums(sums: list[float], numel: int) -> MatrixErrorStats:
+    """`MatrixErrorStats` from the four values `error_sums` returns (read back)."""
     if numel == 0:
         return MatrixErrorStats(rel_mse=0.0, exact_fraction=1.0, max_abs_error=0.0, numel=0)
-    q = q.to(m.device)
-    norms = []  # per chunk: ||diff||_2, ||ref||_2 (float64), nonzero diffs, max |diff|
-    rows = m.shape[0]
-    for start in range(0, rows, _STATS_ROW_CHUNK):
-        stop = min(rows, start + _STATS_ROW_CHUNK)
-        chunk = m.rows(start, stop)
-        ref = chunk.values()
-        part = NVFP4Tensor(q.weight[start:stop], q.weight_scale[start:stop], q.weight_scale_2)
-        diff = dequantize_nvfp4(part) - ref
-        lowest, highest = torch.aminmax(diff)  # max |diff| without an |diff| temporary
-        norms.append(
-            torch.stack(
-                [
-                    torch.linalg.vector_norm(diff, dtype=torch.float64),
-                    _sum_squares(chunk),
-                    torch.count_nonzero(diff).to(torch.float64),
-                    torch.maximum(-lowest, highest).to(torch.float64),
-                ]
-            )
-        )
-    per_chunk = torch.stack(norms).cpu().tolist()  # the one device sync
-    sse = sum(d * d for d, _, _, _ in per_chunk)
-    ss = sum(r for _, r, _, _ in per_chunk)
-    inexact = sum(int(n) for _, _, n, _ in per_chunk)
+    sse, ss, inexact, max_abs = sums
     return MatrixErrorStats(
         rel_mse=sse / ss if ss > 0 else 0.0,
-        exact_fraction=(numel - inexact) / numel,
-        max_abs_error=max(a for _, _, _, a in per_chunk),
+        exact_fraction=(numel - int(inexact)) / numel,
+        max_abs_error=max_abs,
         numel=numel,
         sum_squared_error=sse,
         sum_squares=ss,
     )
+
+
+def error_stats(m: Int4Matrix, q: NVFP4Tensor) -> MatrixErrorStats:
+    """Compare `q` (dequantized as Model Optimizer does) with the exact values of `m` (one device sync)."""
+    if tuple(q.shape) != tuple(m.shape):
+        raise ValueError(f"NVFP4 shape {q.shape} does not match INT4 shape {m.shape}")
+    numel = m.codes.numel()
+    if numel == 0:
+        return stats_from_sums([0.0, 0.0, 0.0, 0.0], 0)
+    return stats_from_sums(error_sums(m, q).cpu().tolist(), numel)
