@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the GPU tests and GPU benchmarks on one H200 (the device tool's machine), part by part,
 # each bounded by its own timeout so one slow step cannot eat the whole call.
-# Usage (from the repo root): bash bench/gpu_suite.sh PART OUTDIR   (PART: tests | convert | final | stages)
+# Usage (from the repo root): bash bench/gpu_suite.sh PART OUTDIR   (PART: tests | convert | final | calibrate | stages)
 set -u
 part=$1; out=${2:-/tmp/gpu_suite}; mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -35,12 +35,16 @@ case $part in
     # Ordered by priority, sized to fit one short lease.
     step gpu_tests 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/numerics tests/convert tests/model tests/calibrate
     step numerics 60 python3 bench/profile_numerics.py --device cuda --experts 4 --method int4-aware --top 12
+    step numerics_per_block 60 python3 bench/profile_numerics.py --device cuda --experts 4 --method int4-aware --top 0 --per-block
+    step ablation 200 python3 bench/convert_ablation.py --work /tmp/abl --device cuda --experts 64 --shards 8 --workers 8 --method int4-aware
+    step convert 200 python3 bench/bench_convert.py --device cuda --skip-peer --work /tmp/bench_convert --layers 2 \
+      --experts ${CONVERT_EXPERTS:-96} --shards 8 --workers 8 --method amax --method int4-aware
+    ;;
+  calibrate)
     step calibrate 200 python3 bench/bench_calibrate.py --device cuda --work-dir /tmp/kimi_bench --json "$out/calibrate.json" \
       --layers 2 --experts 32 --vocab-size 16384 --samples 64 --seq-len 2048
     step calibrate_fp32 90 python3 bench/bench_calibrate.py --device cuda --work-dir /tmp/kimi_bench --json "$out/calibrate_fp32.json" \
       --layers 2 --experts 32 --vocab-size 16384 --samples 64 --seq-len 2048 --dtype float32
-    step convert 200 python3 bench/bench_convert.py --device cuda --skip-peer --work /tmp/bench_convert --layers 2 \
-      --experts ${CONVERT_EXPERTS:-96} --shards 8 --workers 8 --method amax --method int4-aware --also-no-stats
     ;;
   stages)
     step gpu_tests_stages 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/model tests/calibrate tests/validate
