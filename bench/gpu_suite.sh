@@ -35,7 +35,6 @@ case $part in
     # Ordered by priority, sized to fit one short lease.
     step gpu_tests 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/numerics tests/convert tests/model tests/calibrate
     step numerics 60 python3 bench/profile_numerics.py --device cuda --experts 4 --method int4-aware --top 12
-    step numerics_per_block 60 python3 bench/profile_numerics.py --device cuda --experts 4 --method int4-aware --top 0 --per-block
     step ablation 200 python3 bench/convert_ablation.py --work /tmp/abl --device cuda --experts 64 --shards 8 --workers 8 --method int4-aware
     step convert 200 python3 bench/bench_convert.py --device cuda --skip-peer --work /tmp/bench_convert --layers 2 \
       --experts ${CONVERT_EXPERTS:-96} --shards 8 --workers 8 --method amax --method int4-aware

@@ -16,17 +16,15 @@ from torch.profiler import ProfilerActivity, profile
 
 from kimi_nvfp4.numerics.methods import Int4Matrix
 from kimi_nvfp4.numerics.methods.batch import quantize_int4_groups
-from kimi_nvfp4.numerics.methods.block_search import distinct_sorted
 
 HIDDEN, WIDTH, GROUP = 7168, 2048, 32
 
 
-def expert(gen: torch.Generator, device: str, table: bool) -> list[list[Int4Matrix]]:
+def expert(gen: torch.Generator, device: str) -> list[list[Int4Matrix]]:
     def matrix(rows: int, cols: int) -> Int4Matrix:
         codes = torch.randint(-8, 8, (rows, cols), generator=gen, dtype=torch.int8)
         scale = (torch.rand(rows, cols // GROUP, generator=gen) * 1e-2 + 1e-3).to(torch.bfloat16).float()
-        # as the converter does: distinct scales found on the host copy (see numerics/methods/batch.py)
-        return Int4Matrix(codes, scale, distinct_sorted(scale.abs()) if table else None).to(device)
+        return Int4Matrix(codes.to(device), scale.to(device))
 
     return [[matrix(WIDTH, HIDDEN), matrix(WIDTH, HIDDEN)], [matrix(HIDDEN, WIDTH)]]
 
@@ -37,10 +35,9 @@ def main() -> None:
     ap.add_argument("--experts", type=int, default=4)
     ap.add_argument("--method", default="int4-aware")
     ap.add_argument("--top", type=int, default=20)
-    ap.add_argument("--per-block", action="store_true", help="no distinct-scale tables (per-block errors)")
     args = ap.parse_args()
     gen = torch.Generator().manual_seed(0)
-    groups = [g for _ in range(args.experts) for g in expert(gen, args.device, not args.per_block)]
+    groups = [g for _ in range(args.experts) for g in expert(gen, args.device)]
     int4_bytes = sum(m.codes.numel() // 2 + m.group_scale.numel() * 2 for g in groups for m in g)
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     for stats in (False, True):

@@ -33,7 +33,6 @@ from ..checkpoint.writer import (
 from ..errors import CheckpointError
 from ..numerics.methods import Int4Matrix, ScaleMethod
 from ..numerics.methods.batch import GroupBatch, quantize_int4_groups
-from ..numerics.methods.block_search import distinct_sorted
 from ..numerics.methods.stats import stats_from_sums
 from .plan import ExpertMatrix, ScaleGroup, ShardJob
 
@@ -203,23 +202,12 @@ def _launch(
             scale = files.read(m.scale.file, m.scale.name, pin_memory=pinned)
             held += _nbytes(packed) + _nbytes(scale)
             host_inputs.append((packed, scale))
-        # A device search needs the distinct group scales of each matrix; found here, on the host copy
-        # (a bincount over bf16 patterns, ~1 ms), they cost the device nothing and no read-back.
-        distinct = [
-            distinct_sorted(scale.to(torch.float32).abs())
-            if device.type != "cpu" and method is not ScaleMethod.AMAX else None
-            for _, scale in host_inputs
-        ]
     with phases("launch"):
         # The packed int32 words travel, not unpacked codes; unpacking runs on the device.
-        inputs = []
-        for m, (packed, scale), found in zip(matrices, host_inputs, distinct):
-            matrix = Int4Matrix.from_packed(
-                packed.to(device, non_blocking=pinned), scale.to(device, non_blocking=pinned), m.in_features
-            )
-            if found is not None:
-                matrix.distinct_scales = tuple(t.to(device, non_blocking=pinned) for t in found)
-            inputs.append(matrix)
+        inputs = [
+            Int4Matrix.from_packed(packed.to(device, non_blocking=pinned), scale.to(device, non_blocking=pinned), m.in_features)
+            for m, (packed, scale) in zip(matrices, host_inputs)
+        ]
         grouped, start = [], 0
         for g in batch:
             grouped.append(inputs[start : start + len(g.matrices)])

@@ -3,12 +3,10 @@
 The converter hands a GPU a batch of experts at a time. Per matrix the work is a few dozen kernels, but
 every host read-back (`float(amax)`, a data-dependent `unique`, an `if` on an error total) stalls the
 stream until the device drains and then leaves it idle while Python catches up. On CUDA this module
-therefore keeps every decision on the device: the power-of-two tensor scale via `frexp`; candidate
-errors from the table of a matrix's distinct scales when the caller supplies them
-(`Int4Matrix.distinct_scales`, which the converter computes from the host copy of the scales it just
-read; on the device their number would have to be read back), else per block; the "keep Model
-Optimizer's result if it is better" fallback as a `torch.where`; and the input checks and error
-statistics as small device tensors. The caller reads everything once (`GroupBatch`).
+therefore keeps every decision on the device: the power-of-two tensor scale via `frexp`, candidate
+errors computed per block (no table of distinct scales, whose size would have to be read back), the
+"keep Model Optimizer's result if it is better" fallback as a `torch.where`, and the input checks and
+error statistics as small device tensors. The caller reads everything once (`GroupBatch`).
 
 On CPU there is nothing to overlap, and the per-matrix path (`quantize_int4_matrices`, with its table of
 distinct scales, ~3x faster on CPU) is used instead. Both paths give the same bytes: per-block errors are
@@ -27,7 +25,6 @@ from ..constants import NVFP4_BLOCK_SIZE
 from ..e4m3 import E4M3_NUM_POSITIVE, e4m3_from_bits
 from ..nvfp4 import ZERO_BLOCK_SCALE, NVFP4Tensor, tensor_scales_from_amax
 from .block_search import (
-    ErrorTable,
     candidate_errors,
     flat_blocks,
     magnitude_histogram_packed,
@@ -151,27 +148,15 @@ def _search_on_device(
     one = torch.tensor(ZERO_BLOCK_SCALE, dtype=torch.float8_e4m3fn, device=m.device).view(torch.uint8)
     chosen_error = torch.zeros((), dtype=torch.float64, device=m.device)
     baseline_error = torch.zeros_like(chosen_error)
-    tables = None
-    if m.distinct_scales is not None:
-        # Tables of err_k per distinct scale (as on CPU): a gather per candidate instead of ~15 passes
-        # over [C, 8, B]; identical fp32 values either way.
-        tables = (ErrorTable(m.group_scale, weight_scale_2, m.distinct_scales),
-                  ErrorTable(m.group_scale, baseline_scale_2, m.distinct_scales))
     for start in range(0, out_features, row_chunk):
         stop = min(out_features, start + row_chunk)
         block_codes, block_scale = flat_blocks(m.codes[start:stop], m.group_scale[start:stop])
         histogram = magnitude_histogram_packed(block_codes)
         bits = _candidate_bits(method, block_codes, block_scale, weight_scale_2)
-        amax_bits = amax_block_bits(block_codes, block_scale, baseline_scale_2)
-        if tables is None:
-            errors = candidate_errors(histogram, block_scale, bits, weight_scale_2)
-            amax_error = candidate_errors(histogram, block_scale, amax_bits, baseline_scale_2)
-        else:
-            scale_index = tables[0].block_scale_index(start, stop)
-            errors = tables[0].errors(histogram, scale_index, bits)
-            amax_error = tables[1].errors(histogram, scale_index, amax_bits)
-        best, best_error = select_best(errors, bits)
+        best, best_error = select_best(candidate_errors(histogram, block_scale, bits, weight_scale_2), bits)
         chosen_error = chosen_error + best_error.double().sum()
+        amax_bits = amax_block_bits(block_codes, block_scale, baseline_scale_2)
+        amax_error = candidate_errors(histogram, block_scale, amax_bits, baseline_scale_2)
         baseline_error = baseline_error + amax_error.double().sum()
         # An all-zero block is exact under any scale; keep Model Optimizer's 1.0 for it.
         zero = (histogram.sum(dim=0) == 0) | (block_scale == 0)

@@ -80,14 +80,13 @@ def _count_field_table(device: torch.device) -> torch.Tensor:
 
 
 def magnitude_histogram_packed(block_codes: torch.Tensor) -> torch.Tensor:
-    """`magnitude_histogram` (the same exact counts and layout), through one int64
+    """`magnitude_histogram` (the same exact counts) as float32 `[8, B]` contiguous, through one int64
     row sum of packed per-magnitude fields instead of a scatter-add (atomics serialise on CUDA)."""
     magnitude = block_codes.to(torch.int32).abs_()
     fields = torch.index_select(_count_field_table(block_codes.device), 0, magnitude.reshape(-1))
     packed = fields.view(block_codes.shape).sum(dim=-1)
     counts = [(packed >> (_COUNT_FIELD_BITS * (k - 1))) & _COUNT_FIELD_MASK for k in MAGNITUDES]
-    # Same layout as `magnitude_histogram`: an [8, B] view of [B, 8] storage (what ErrorTable.errors reads).
-    return torch.stack(counts, dim=-1).to(torch.float32).t()
+    return torch.stack(counts).to(torch.float32)
 
 
 def pairwise_sum_dim1(x: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 
 import torch
@@ -54,10 +54,6 @@ class Int4Matrix:
 
     codes: torch.Tensor  # int8 [out, in], values in [-8, 7]
     group_scale: torch.Tensor  # float32 [out, in/32] (bf16 values widened)
-    # Optional `block_search.distinct_sorted(group_scale.abs())` (distinct |scales|, int32 index per group),
-    # computed where it is cheap (the host copy of the scales) so a device search can use the table of
-    # distinct scales without reading anything back to size it.
-    distinct_scales: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.codes.dtype != torch.int8 or self.codes.ndim != 2:
@@ -85,8 +81,7 @@ class Int4Matrix:
         return self.codes.device
 
     def to(self, device: torch.device | str) -> Int4Matrix:
-        distinct = None if self.distinct_scales is None else tuple(t.to(device) for t in self.distinct_scales)
-        return Int4Matrix(self.codes.to(device), self.group_scale.to(device), distinct)
+        return Int4Matrix(self.codes.to(device), self.group_scale.to(device))
 
     def rows(self, start: int, stop: int) -> Int4Matrix:
         return Int4Matrix(self.codes[start:stop], self.group_scale[start:stop])
