@@ -105,9 +105,13 @@ def mla_attention(
     if max_chunk_tokens:
         rows = min(rows, max_chunk_tokens)
     key_pos = torch.arange(S, device=x.device)
+    # Scores in fp32 whatever the compute dtype: FlashMLA (SGLang's MLA decode/prefill kernels) keeps
+    # Q.K^T in fp32 accumulators through the softmax and rounds only P to bf16 for P.V; a bf16 einsum
+    # would round every score first.
+    k_scores = k.to(torch.float32)
     for start in range(0, T, rows):
         end = min(T, start + rows)
-        scores = torch.einsum("thd,shd->hts", q[start:end], k).to(torch.float32) * rope.softmax_scale
+        scores = torch.einsum("thd,shd->hts", q[start:end].to(torch.float32), k_scores) * rope.softmax_scale
         # causal: query at absolute position p sees keys 0..p
         allowed = key_pos[None, :] <= positions[start:end, None]
         scores = scores.masked_fill(~allowed[None], float("-inf"))

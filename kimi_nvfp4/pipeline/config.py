@@ -56,6 +56,7 @@ class CalibrateSection(_Section):
     min_expert_tokens: int | None = None
     policy: str | None = None
     device: str | None = None
+    dtype: str | None = None  # auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16
 
 
 class ValidateSection(_Section):

@@ -207,8 +207,9 @@ class CalibrateStage(ManifestRecordedStage):
 
     def chosen(self, ctx: StageContext) -> dict[str, Any]:
         c = ctx.config.calibrate
+        # `dtype` is passed on but not compared on resume (the manifest records the resolved dtype).
         return {"data": c.data or DEFAULT_DATA, "samples": c.samples, "seq_len": c.seq_len, "seed": c.seed,
-                "min_expert_tokens": c.min_expert_tokens, "policy": c.policy}
+                "min_expert_tokens": c.min_expert_tokens, "policy": c.policy, "dtype": c.dtype}
 
     def run(self, ctx: StageContext) -> StageOutcome:
         c = ctx.config.calibrate

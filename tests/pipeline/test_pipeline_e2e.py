@@ -19,7 +19,7 @@ from kimi_nvfp4.pipeline import StageStatus, pipeline_config_from_dict, run_pipe
 RANDOM_MODEL_GATES = ["weight_exact_fraction_min=0", "w4a4.top1_min=0"]
 CONFIG = {
     "device": "cpu",
-    "calibrate": {"samples": 4, "seq_len": 64},
+    "calibrate": {"samples": 4, "seq_len": 64, "dtype": "float32"},
     "validate": {"samples": 2, "seq_len": 64, "modes": ["w4a4"], "gate_overrides": RANDOM_MODEL_GATES},
     "serve_check": {"enabled": True, "reference": True, "quick": True,
                     "load": {"concurrency": [1, 2], "turns": 2},
@@ -69,6 +69,7 @@ def test_pipeline_runs_resumes_and_stops_at_a_failed_gate(tiny_int4_checkpoint, 
     manifest = load_manifest(out)
     assert manifest.complete and {"calibrate", "validate", "serve_check"} <= set(manifest.stages)
     assert manifest.stages["validate"].outputs["passed"] is True
+    assert manifest.stages["calibrate"].settings["dtype"] == "float32"  # [calibrate] dtype reached the stage
     reports = out / "reports"
     for name in ("validate_report.json", "serve_check.json", "serve_check.png", "model_card_preview.md",
                  "pipeline_summary.json", "pipeline_summary.md"):
