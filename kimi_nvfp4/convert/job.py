@@ -32,7 +32,7 @@ from ..checkpoint.writer import (
 )
 from ..errors import CheckpointError
 from ..numerics.methods import Int4Matrix, ScaleMethod
-from ..numerics.methods.batch import GroupBatch, quantize_int4_groups
+from ..numerics.methods.batch import quantize_int4_groups
 from ..numerics.methods.stats import stats_from_sums
 from .plan import ExpertMatrix, ScaleGroup, ShardJob
 
@@ -135,7 +135,7 @@ def run_shard_job(
     not change the output bytes (it reads the outputs after they are final).
     """
     # One CUDA stream per job so concurrent workers' kernels and copies overlap instead of queueing on the
-    # default stream; `_to_host` waits on the job's own stream once per scale group before bytes are written.
+    # default stream; each batch records an event on it, waited on once before the batch's bytes are written.
     stream = torch.cuda.Stream(device) if device.type == "cuda" else None
     with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
         return _run(
@@ -156,8 +156,6 @@ class _Flight:
     """One batch between launch (inputs read, kernels and copies queued) and landing (bytes written)."""
 
     matrices: list[ExpertMatrix]  # every matrix of the batch, in order (partners from other shards too)
-    inputs: list[Int4Matrix]
-    outputs: GroupBatch
     results: list[torch.Tensor]  # per matrix weight, weight_scale, weight_scale_2; then checks; then stats
     ready: torch.cuda.Event | None
     held: int
@@ -220,7 +218,7 @@ def _launch(
         held += sum(_nbytes(t) for t in tensors)
         extra = [outputs.checks] + ([outputs.stats] if record_stats and outputs.stats is not None else [])
         results, ready = _queue_host_copies(tensors + extra, pinned)
-    return _Flight(matrices, inputs, outputs, results, ready, held)
+    return _Flight(matrices, results, ready, held)
 
 
 def _run(
