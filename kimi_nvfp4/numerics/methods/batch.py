@@ -21,26 +21,15 @@ from dataclasses import dataclass
 
 import torch
 
-from ..constants import NVFP4_BLOCK_SIZE
-from ..e4m3 import E4M3_NUM_POSITIVE, e4m3_from_bits
-from ..nvfp4 import ZERO_BLOCK_SCALE, NVFP4Tensor, tensor_scales_from_amax
-from .block_search import (
-    candidate_errors,
-    flat_blocks,
-    magnitude_histogram_packed,
-    select_best,
-)
-from .candidates import INT4_AWARE_CANDIDATES
+from ..e4m3 import e4m3_from_bits
+from ..nvfp4 import NVFP4Tensor, tensor_scales_from_amax
 from .quantize import (
-    _MAGNITUDE_CLASSES,
-    _WORK_ELEMENTS,
     DEFAULT_METHOD,
-    _candidate_bits,
     _encode_rows,
     _quantize_amax_stacked,
-    amax_block_bits,
     power_of_two_tensor_scale,
     quantize_int4_matrices,
+    search_block_bits,
 )
 from .stats import error_sums
 from .types import Int4Matrix, ScaleMethod
@@ -113,7 +102,7 @@ def _quantize_group_on_device(mats: list[Int4Matrix], method: ScaleMethod) -> li
     if method is ScaleMethod.AMAX:
         return _quantize_amax_stacked(mats, baseline_scale_2)
     weight_scale_2 = power_of_two_tensor_scale(amax)
-    searched = [_search_on_device(m, weight_scale_2, method, baseline_scale_2) for m in mats]
+    searched = [search_block_bits(m, weight_scale_2, method, baseline_scale_2, per_block=True) for m in mats]
     # Same rule as the CPU path: keep Model Optimizer's result for the whole group if its summed error is
     # smaller (never observed). Totals are added one matrix at a time, in order, as Python's sum does.
     chosen_total = torch.zeros((), dtype=torch.float64, device=amax.device)
@@ -128,40 +117,3 @@ def _quantize_group_on_device(mats: list[Int4Matrix], method: ScaleMethod) -> li
         block_scale = e4m3_from_bits(torch.where(fallback, amax_bits, bits))
         out.append(NVFP4Tensor(_encode_rows(m, block_scale, scale_2), block_scale, scale_2))
     return out
-
-
-def _search_on_device(
-    m: Int4Matrix, weight_scale_2: torch.Tensor, method: ScaleMethod, baseline_scale_2: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`search_block_scales` with per-block candidate errors and no read-back.
-
-    Returns the chosen block-scale bits and Model Optimizer's (amax rule under `baseline_scale_2`), both
-    uint8 `[out, in/16]`, and the float64 0-d summed errors of each.
-    """
-    out_features, in_features = m.shape
-    blocks_per_row = in_features // NVFP4_BLOCK_SIZE
-    candidates = E4M3_NUM_POSITIVE if method is ScaleMethod.SWEEP else INT4_AWARE_CANDIDATES
-    work = _WORK_ELEMENTS.get(m.device.type, _WORK_ELEMENTS["cpu"])
-    row_chunk = max(1, work // max(1, blocks_per_row * candidates * _MAGNITUDE_CLASSES))
-    chosen = torch.empty((out_features * blocks_per_row,), dtype=torch.uint8, device=m.device)
-    baseline = torch.empty_like(chosen)
-    one = torch.tensor(ZERO_BLOCK_SCALE, dtype=torch.float8_e4m3fn, device=m.device).view(torch.uint8)
-    chosen_error = torch.zeros((), dtype=torch.float64, device=m.device)
-    baseline_error = torch.zeros_like(chosen_error)
-    for start in range(0, out_features, row_chunk):
-        stop = min(out_features, start + row_chunk)
-        block_codes, block_scale = flat_blocks(m.codes[start:stop], m.group_scale[start:stop])
-        histogram = magnitude_histogram_packed(block_codes)
-        bits = _candidate_bits(method, block_codes, block_scale, weight_scale_2)
-        best, best_error = select_best(candidate_errors(histogram, block_scale, bits, weight_scale_2), bits)
-        chosen_error = chosen_error + best_error.double().sum()
-        amax_bits = amax_block_bits(block_codes, block_scale, baseline_scale_2)
-        amax_error = candidate_errors(histogram, block_scale, amax_bits, baseline_scale_2)
-        baseline_error = baseline_error + amax_error.double().sum()
-        # An all-zero block is exact under any scale; keep Model Optimizer's 1.0 for it.
-        zero = (histogram.sum(dim=0) == 0) | (block_scale == 0)
-        chosen[start * blocks_per_row : stop * blocks_per_row] = torch.where(zero, one, best)
-        baseline[start * blocks_per_row : stop * blocks_per_row] = amax_bits[0]
-    shape = (out_features, blocks_per_row)
-    return chosen.reshape(shape), baseline.reshape(shape), chosen_error, baseline_error
-

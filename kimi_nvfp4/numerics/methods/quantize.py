@@ -31,9 +31,11 @@ from ..nvfp4 import (
 from .block_search import (
     ErrorTable,
     block_max_code,
+    candidate_errors,
     distinct_sorted,
     flat_blocks,
     magnitude_histogram,
+    magnitude_histogram_packed,
     select_best,
 )
 from .candidates import INT4_AWARE_CANDIDATES, all_positive_bits, int4_aware_bits
@@ -126,37 +128,75 @@ def search_block_scales(
     Also returns the summed block error of the choice and, when `baseline_scale_2` is given, of
     Model Optimizer's amax rule under that tensor scale (0.0 otherwise), so callers can fall back.
     """
+    chosen, _, chosen_error, baseline_error = search_block_bits(m, weight_scale_2, method, baseline_scale_2)
+    chosen_total, baseline_total = torch.stack([chosen_error, baseline_error]).tolist()
+    return e4m3_from_bits(chosen), chosen_total, baseline_total
+
+
+def search_block_bits(
+    m: Int4Matrix,
+    weight_scale_2: torch.Tensor,
+    method: ScaleMethod,
+    baseline_scale_2: torch.Tensor | None = None,
+    *,
+    per_block: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """The search behind `search_block_scales`, nothing read back: chosen bits uint8 `[out, in/16]`, Model
+    Optimizer's bits under `baseline_scale_2` (None without one), and the float64 0-d error totals of both.
+
+    Block errors come from a table of the matrix's distinct scales (`ErrorTable`, fastest on CPU; sizing it
+    reads the number of distinct scales back), or with `per_block` straight from each block
+    (`candidate_errors`, no read-back: the GPU path). Both are the same fp32 operations, so the same
+    candidates win. Error totals accumulate on the device (float64 adds in chunk order).
+    """
     out_features, in_features = m.shape
     blocks_per_row = in_features // NVFP4_BLOCK_SIZE
     candidates = E4M3_NUM_POSITIVE if method is ScaleMethod.SWEEP else INT4_AWARE_CANDIDATES
     work = _WORK_ELEMENTS.get(m.device.type, _WORK_ELEMENTS["cpu"])
     row_chunk = max(1, work // max(1, blocks_per_row * candidates * _MAGNITUDE_CLASSES))
     chosen = torch.empty((out_features * blocks_per_row,), dtype=torch.uint8, device=m.device)
+    baseline = torch.empty_like(chosen) if baseline_scale_2 is not None else None
     one = torch.tensor(ZERO_BLOCK_SCALE, dtype=torch.float8_e4m3fn, device=m.device).view(torch.uint8)
-    # Error totals accumulate on the device (float64 adds in chunk order, the same IEEE operations as
-    # adding Python floats) and are read back once, so a CUDA search does not wait on every chunk.
     chosen_error = torch.zeros((), dtype=torch.float64, device=m.device)
     baseline_error = torch.zeros((), dtype=torch.float64, device=m.device)
-    distinct = distinct_sorted(m.group_scale.abs())
-    table = ErrorTable(m.group_scale, weight_scale_2, distinct)
-    baseline_table = ErrorTable(m.group_scale, baseline_scale_2, distinct) if baseline_scale_2 is not None else None
+    table = baseline_table = scale_index = None
+    if not per_block:
+        distinct = distinct_sorted(m.group_scale.abs())
+        table = ErrorTable(m.group_scale, weight_scale_2, distinct)
+        if baseline_scale_2 is not None:
+            baseline_table = ErrorTable(m.group_scale, baseline_scale_2, distinct)
     for start in range(0, out_features, row_chunk):
         stop = min(out_features, start + row_chunk)
         block_codes, block_scale = flat_blocks(m.codes[start:stop], m.group_scale[start:stop])
-        scale_index = table.block_scale_index(start, stop)
         bits = _candidate_bits(method, block_codes, block_scale, weight_scale_2)
-        histogram = magnitude_histogram(block_codes)
-        errors = table.errors(histogram, scale_index, bits)
+        if per_block:
+            histogram = magnitude_histogram_packed(block_codes)  # a scatter-add serialises on CUDA atomics
+        else:
+            histogram = magnitude_histogram(block_codes)
+            scale_index = table.block_scale_index(start, stop)
+        errors = _block_errors(table, histogram, block_scale, scale_index, bits, weight_scale_2)
         best, best_error = select_best(errors, bits)
         chosen_error = chosen_error + best_error.double().sum()
-        if baseline_table is not None:
+        if baseline is not None:
             baseline_bits = amax_block_bits(block_codes, block_scale, baseline_scale_2)
-            baseline_error = baseline_error + baseline_table.errors(histogram, scale_index, baseline_bits).double().sum()
+            errors = _block_errors(baseline_table, histogram, block_scale, scale_index, baseline_bits, baseline_scale_2)
+            baseline_error = baseline_error + errors.double().sum()
+            baseline[start * blocks_per_row : stop * blocks_per_row] = baseline_bits[0]
         # An all-zero block is exact under any scale; keep Model Optimizer's 1.0 for it.
         zero = (histogram.sum(dim=0) == 0) | (block_scale == 0)
         chosen[start * blocks_per_row : stop * blocks_per_row] = torch.where(zero, one, best)
-    chosen_total, baseline_total = torch.stack([chosen_error, baseline_error]).tolist()
-    return e4m3_from_bits(chosen.reshape(out_features, blocks_per_row)), chosen_total, baseline_total
+    shape = (out_features, blocks_per_row)
+    return chosen.reshape(shape), None if baseline is None else baseline.reshape(shape), chosen_error, baseline_error
+
+
+def _block_errors(
+    table: ErrorTable | None, histogram: torch.Tensor, block_scale: torch.Tensor, scale_index: torch.Tensor | None,
+    bits: torch.Tensor, weight_scale_2: torch.Tensor,
+) -> torch.Tensor:
+    """Squared error `[C, B]` of each candidate: from `table` when there is one, else per block (same values)."""
+    if table is None:
+        return candidate_errors(histogram, block_scale, bits, weight_scale_2)
+    return table.errors(histogram, scale_index, bits)
 
 
 def _encode_rows(m: Int4Matrix, block_scale: torch.Tensor, weight_scale_2: torch.Tensor) -> torch.Tensor:
