@@ -53,6 +53,10 @@ class FunctionInfo:
         return self.docstring_end_lineno is not None
 
 
+# `\bname\b`, `name`: patterns whose every match contains the word itself (see `SourceTree.grep`).
+_WORD_PATTERN = re.compile(r"(?:\\b)?(?P<word>\w+)(?:\\b)?")
+
+
 @dataclass(frozen=True)
 class SourceFile:
     rel: str  # posix path relative to the tree root
@@ -172,9 +176,14 @@ class SourceTree:
 
     def grep(self, pattern: str) -> GrepResult:
         regex = re.compile(pattern)
+        # A word pattern (what the session generator searches for: `\bname\b`) can only match a line of a
+        # file whose text contains the word: a substring test skips most files before the per-line regex.
+        word = _WORD_PATTERN.fullmatch(pattern)
         matches = []
         files = []
         for f in self.files:
+            if word is not None and word.group("word") not in f.text:
+                continue
             hits = [(f.rel, i, line) for i, line in enumerate(f.lines, start=1) if regex.search(line)]
             if hits:
                 files.append(f.rel)
