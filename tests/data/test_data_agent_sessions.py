@@ -187,3 +187,12 @@ def test_patches_apply_to_the_file_and_compile(tiny_tree):
             assert content.startswith(f"Applied patch to {path}: 1 hunk")
             applied += 1
     assert applied >= 2
+
+
+@pytest.mark.parametrize("pattern", [r"\bjoin\b", "join", r"\bdef\b", r"jo.n", r"^\s+return", r"\bnot_a_word_anywhere\b"])
+def test_tree_grep_equals_a_per_line_search(tiny_tree, pattern):
+    """The word prefilter (files without the word are skipped) never changes what grep finds."""
+    tree = SourceTree.from_path(tiny_tree)
+    regex = re.compile(pattern)
+    expected = [(f.rel, i, line) for f in tree.files for i, line in enumerate(f.lines, start=1) if regex.search(line)]
+    assert tree.grep(pattern).matches == expected
