@@ -63,9 +63,12 @@ _BATCH_INT4_BYTES = {"cuda": 256 << 20}
 _BATCHES_IN_FLIGHT = {"cuda": 2}
 
 
-def batches(groups: list[ScaleGroup], device: torch.device) -> Iterator[list[ScaleGroup]]:
-    """Consecutive groups, at most `_BATCH_INT4_BYTES[device]` of INT4 input per batch (at least one group)."""
+def batches(groups: list[ScaleGroup], device: torch.device, cap: int | None = None) -> Iterator[list[ScaleGroup]]:
+    """Consecutive groups, at most `_BATCH_INT4_BYTES[device]` (and `cap`) of INT4 input per batch, at least
+    one group per batch."""
     budget = _BATCH_INT4_BYTES.get(device.type, 0)
+    if cap is not None:
+        budget = min(budget, cap)
     batch: list[ScaleGroup] = []
     size = 0
     for group in groups:
@@ -273,7 +276,10 @@ def _run(
                 if on_progress:
                     on_progress(m.int4_bytes)
 
-        for batch in batches(job.groups, device):
+        # The batches in flight never hold more INT4 input than the shard has (and as much output), so small
+        # shards keep the "about two shards" bound too; K2.6's shards are far larger than the batches.
+        cap = max(1, job.int4_input_bytes // depth)
+        for batch in batches(job.groups, device, cap):
             if len(in_flight) >= depth:
                 land(in_flight.popleft())
             in_flight.append(_launch(batch, files, device, method, record_stats, phases))

@@ -34,6 +34,8 @@ def test_batches_cover_every_group_in_order_within_budget(source, monkeypatch):
     cut = list(job.batches(groups, torch.device("cpu")))
     assert [g for b in cut for g in b] == groups and 1 < len(cut) < len(groups)
     assert all(sum(m.int4_bytes for g in b for m in g.matrices) <= 2 * size for b in cut)
+    capped = list(job.batches(groups, torch.device("cuda"), cap=2 * size))  # the shard-relative cap applies too
+    assert [g for b in capped for g in b] == groups and len(capped) == len(cut)
 
 
 @pytest.mark.parametrize("method", ["amax", "int4-aware"])
