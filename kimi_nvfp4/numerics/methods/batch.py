@@ -34,10 +34,7 @@ from .quantize import (
 from .stats import error_sums
 from .types import Int4Matrix, ScaleMethod
 
-__all__ = ["CHECK_NAMES", "GroupBatch", "quantize_int4_groups", "scale_checks"]
-
-# Columns of `GroupBatch.checks`, per matrix.
-CHECK_NAMES = ("non-finite group scales", "zero or negative group scales")
+__all__ = ["GroupBatch", "quantize_int4_groups", "scale_checks"]
 
 
 @dataclass
@@ -45,7 +42,7 @@ class GroupBatch:
     """Results of `quantize_int4_groups`, on the matrices' device, in the order given.
 
     `tensors[g][i]` is the NVFP4 form of `groups[g][i]` (None when a check failed on CPU, where
-    nothing is computed for bad input). `checks` is int64 `[M, 2]` counts per matrix (`CHECK_NAMES`);
+    nothing is computed for bad input). `checks` is int64 `[M, 2]` per matrix (`scale_checks`);
     a conversion must refuse the batch if any is non-zero. `stats` is float64 `[M, 4]` `error_sums` rows
     when requested.
     """
