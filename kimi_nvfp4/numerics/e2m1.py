@@ -20,6 +20,7 @@ __all__ = [
     "E2M1_SIGN_BIT",
     "E2M1_VALUES",
     "decode_e2m1",
+    "decode_e2m1_packed",
     "encode_e2m1",
     "pack_e2m1",
     "round_e2m1_magnitude",
@@ -122,6 +123,27 @@ def decode_e2m1(codes: torch.Tensor) -> torch.Tensor:
     # index_select takes an int32 index as is (plain indexing would widen it to int64 first).
     index = (codes & _NIBBLE_MASK).to(torch.int32)
     return torch.index_select(_table("values", codes.device), 0, index.reshape(-1)).view(codes.shape)
+
+
+_pair_tables: dict[torch.device, torch.Tensor] = {}
+
+
+def decode_e2m1_packed(packed: torch.Tensor) -> torch.Tensor:
+    """uint8 `[..., n/2]` packed codes -> fp32 `[..., n]`: `decode_e2m1(unpack_e2m1(packed))`, the same values.
+
+    One lookup per byte in a 256-entry table of (low, high) fp32 pairs, each pair read as one int64: on the
+    CPU ~4x faster than unpacking to one byte per code and looking each up (a gather of 8-byte words costs
+    about what a gather of 4-byte ones does). Needs a little-endian host (the pair's low float first).
+    """
+    if packed.dtype != torch.uint8:
+        raise ValueError(f"decode_e2m1_packed expects uint8, got {packed.dtype}")
+    if packed.device not in _pair_tables:
+        byte = torch.arange(1 << 8)
+        values = _table("values", torch.device("cpu"))
+        pairs = torch.stack((values[byte & _NIBBLE_MASK], values[byte >> _NIBBLE_BITS]), dim=-1)
+        _pair_tables[packed.device] = pairs.view(torch.int64).reshape(-1).to(packed.device)
+    words = torch.index_select(_pair_tables[packed.device], 0, packed.reshape(-1).to(torch.int32))
+    return words.view(torch.float32).view(*packed.shape[:-1], packed.shape[-1] * 2)
 
 
 def pack_e2m1(codes: torch.Tensor) -> torch.Tensor:

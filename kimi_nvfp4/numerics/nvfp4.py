@@ -12,6 +12,7 @@ bit for bit, operation by operation, because every fp32 rounding step can flip a
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -22,7 +23,7 @@ from .constants import (
     NVFP4_BLOCK_SIZE,
     NVFP4_TENSOR_SCALE_DENOMINATOR,
 )
-from .e2m1 import decode_e2m1, encode_e2m1, pack_e2m1, unpack_e2m1
+from .e2m1 import decode_e2m1, decode_e2m1_packed, encode_e2m1, pack_e2m1, unpack_e2m1
 from .e4m3 import round_block_scale_to_e4m3
 
 __all__ = [
@@ -144,10 +145,31 @@ def quantize_nvfp4(
     return NVFP4Tensor(pack_e2m1(codes), block_scale, weight_scale_2)
 
 
+_E4M3_BY_BITS: dict[torch.device, torch.Tensor] = {}
+
+
+def _e4m3_to_fp32_by_lookup(scale: torch.Tensor) -> torch.Tensor:
+    """`scale.to(torch.float32)` for float8_e4m3fn via a 256-entry table of that very cast (exact, NaN
+    included): the CPU converts float8 element by element, ~3x slower than the lookup."""
+    if scale.device not in _E4M3_BY_BITS:
+        bits = torch.arange(1 << 8, dtype=torch.int32).to(torch.uint8)
+        _E4M3_BY_BITS[scale.device] = bits.view(torch.float8_e4m3fn).to(torch.float32).to(scale.device)
+    index = scale.view(torch.uint8).reshape(-1).to(torch.int32)
+    return torch.index_select(_E4M3_BY_BITS[scale.device], 0, index).view(scale.shape)
+
+
 def dequantize_nvfp4(t: NVFP4Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """`e2m1 * (float(weight_scale) * weight_scale_2)`, as `NVFP4QTensor.dequantize` (scale product first)."""
-    values = decode_e2m1(unpack_e2m1(t.weight))
-    scale = t.weight_scale.to(torch.float32) * t.weight_scale_2.to(t.weight.device)
+    """`e2m1 * (float(weight_scale) * weight_scale_2)`, as `NVFP4QTensor.dequantize` (scale product first).
+
+    The CPU decodes byte pairs by lookup (`decode_e2m1_packed`: the same fp32 values, ~4x faster there).
+    """
+    if t.weight.device.type == "cpu" and sys.byteorder == "little":
+        values = decode_e2m1_packed(t.weight)
+        block_scale = _e4m3_to_fp32_by_lookup(t.weight_scale)
+    else:
+        values = decode_e2m1(unpack_e2m1(t.weight))
+        block_scale = t.weight_scale.to(torch.float32)
+    scale = block_scale * t.weight_scale_2.to(t.weight.device)
     return (_blocks(values) * scale.unsqueeze(-1)).reshape(values.shape).to(dtype)
 
 

@@ -16,8 +16,9 @@ from ..e4m3 import (
     e4m3_bits,
     round_block_scale_to_e4m3,
 )
+from ..nvfp4 import ZERO_BLOCK_SCALE
 
-__all__ = ["INT4_AWARE_CANDIDATES", "all_positive_bits", "int4_aware_bits"]
+__all__ = ["INT4_AWARE_CANDIDATES", "all_positive_bits", "int4_aware_bits", "model_optimizer_bits"]
 
 # Targets for d = E4M3 scale * weight_scale_2, each tried at its rounded E4M3 value plus the listed
 # neighbour offsets (bit patterns). Measured on synthetic K2.6 experts (docs/numerics.md) these seven
@@ -66,3 +67,15 @@ def int4_aware_bits(
     centre = _rounded_bits((aligned_multiplier * scale) / weight_scale_2)
     columns.extend(centre + offset for offset in INT4_ALIGNED_OFFSETS)
     return torch.stack(columns, dim=0).clamp(E4M3_MIN_POSITIVE_BITS, E4M3_MAX_BITS).to(torch.uint8)
+
+
+def model_optimizer_bits(max_code: torch.Tensor, scale: torch.Tensor, weight_scale_2: torch.Tensor) -> torch.Tensor:
+    """Model Optimizer's block scale bits (amax/6 rule) from each block's largest |code| and group scale.
+
+    Same fp32 operations as `NVFP4QTensor.get_weights_scaling_factor`: block_amax / (6 * weight_scale_2), with
+    block_amax = fl(max|q| * |s|), which is max over the block of fl(|q| * |s|) (rounding is monotone).
+    """
+    block_amax = max_code.to(torch.float32) * scale.abs()
+    block_scale = block_amax / (E2M1_MAX * weight_scale_2)
+    block_scale = torch.where(block_scale == 0, torch.full_like(block_scale, ZERO_BLOCK_SCALE), block_scale)
+    return e4m3_bits(round_block_scale_to_e4m3(block_scale))

@@ -11,13 +11,11 @@ from collections.abc import Sequence
 
 import torch
 
-from ..constants import E2M1_MAX, E4M3_MAX, NVFP4_BLOCK_SIZE
+from ..constants import E4M3_MAX, NVFP4_BLOCK_SIZE
 from ..e2m1 import pack_e2m1
 from ..e4m3 import (
     E4M3_NUM_POSITIVE,
-    e4m3_bits,
     e4m3_from_bits,
-    round_block_scale_to_e4m3,
 )
 from ..nvfp4 import (
     ZERO_BLOCK_SCALE,
@@ -38,7 +36,14 @@ from .block_search import (
     magnitude_histogram_packed,
     select_best,
 )
-from .candidates import INT4_AWARE_CANDIDATES, all_positive_bits, int4_aware_bits
+from .candidates import (
+    INT4_AWARE_CANDIDATES,
+    all_positive_bits,
+    int4_aware_bits,
+    model_optimizer_bits,
+)
+from .lut import BlockKeys, block_scale_ids, code_bytes, encode_blocks, lut_eligible
+from .lut_search import KeyTable, key_bits, search_by_key
 from .types import Int4Matrix, ScaleMethod
 
 __all__ = [
@@ -111,10 +116,7 @@ def amax_block_bits(block_codes: torch.Tensor, block_scale: torch.Tensor, weight
 
     Same fp32 operations as `NVFP4QTensor.get_weights_scaling_factor`: block_amax / (6 * weight_scale_2).
     """
-    block_amax = block_max_code(block_codes).to(torch.float32) * block_scale.abs()
-    scale = block_amax / (E2M1_MAX * weight_scale_2)
-    scale = torch.where(scale == 0, torch.full_like(scale, ZERO_BLOCK_SCALE), scale)
-    return e4m3_bits(round_block_scale_to_e4m3(scale)).unsqueeze(0)
+    return model_optimizer_bits(block_max_code(block_codes), block_scale, weight_scale_2).unsqueeze(0)
 
 
 def search_block_scales(
@@ -140,6 +142,7 @@ def search_block_bits(
     baseline_scale_2: torch.Tensor | None = None,
     *,
     per_block: bool = False,
+    keys: BlockKeys | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
     """The search behind `search_block_scales`, nothing read back: chosen bits uint8 `[out, in/16]`, Model
     Optimizer's bits under `baseline_scale_2` (None without one), and the float64 0-d error totals of both.
@@ -148,12 +151,20 @@ def search_block_bits(
     reads the number of distinct scales back), or with `per_block` straight from each block
     (`candidate_errors`, no read-back: the GPU path). Both are the same fp32 operations, so the same
     candidates win. Error totals accumulate on the device (float64 adds in chunk order).
+    On the CPU, INT4_AWARE looks a row of all candidates up per block instead (`lut_search.py`: the same
+    bits and totals); `keys` are the matrix's `BlockKeys` when the caller already has them.
     """
     out_features, in_features = m.shape
     blocks_per_row = in_features // NVFP4_BLOCK_SIZE
     candidates = E4M3_NUM_POSITIVE if method is ScaleMethod.SWEEP else INT4_AWARE_CANDIDATES
     work = _WORK_ELEMENTS.get(m.device.type, _WORK_ELEMENTS["cpu"])
     row_chunk = max(1, work // max(1, blocks_per_row * candidates * _MAGNITUDE_CLASSES))
+    if method is ScaleMethod.INT4_AWARE and not per_block and keys is None and lut_eligible(m):
+        keys = BlockKeys.of(m)
+    if method is ScaleMethod.INT4_AWARE and keys is not None:
+        table = KeyTable(keys.values, weight_scale_2, baseline_scale_2)
+        if table.usable():  # the same bits and totals as below (lut_search.py)
+            return search_by_key(keys, table, row_chunk)
     chosen = torch.empty((out_features * blocks_per_row,), dtype=torch.uint8, device=m.device)
     baseline = torch.empty_like(chosen) if baseline_scale_2 is not None else None
     one = torch.tensor(ZERO_BLOCK_SCALE, dtype=torch.float8_e4m3fn, device=m.device).view(torch.uint8)
@@ -199,7 +210,14 @@ def _block_errors(
     return table.errors(histogram, scale_index, bits)
 
 
-def _encode_rows(m: Int4Matrix, block_scale: torch.Tensor, weight_scale_2: torch.Tensor) -> torch.Tensor:
+def _encode_rows(
+    m: Int4Matrix, block_scale: torch.Tensor, weight_scale_2: torch.Tensor, keys: BlockKeys | None = None
+) -> torch.Tensor:
+    """NVFP4 bytes of `m` under `block_scale` (e4m3 `[out, in/16]`): by byte lookup on the CPU (`lut.py`, the
+    same bytes), else `encode_with_block_scales` on row steps."""
+    if keys is not None or lut_eligible(m):
+        values, block_id = (keys.values, keys.block_id) if keys is not None else block_scale_ids(m)
+        return encode_blocks(code_bytes(m), values, block_id, block_scale.view(torch.uint8), weight_scale_2)
     packed = torch.empty((m.shape[0], m.shape[1] // 2), dtype=torch.uint8, device=m.device)
     step = _row_step(m)
     for start in range(0, m.shape[0], step):
@@ -209,7 +227,13 @@ def _encode_rows(m: Int4Matrix, block_scale: torch.Tensor, weight_scale_2: torch
     return packed
 
 
-def _quantize_amax(m: Int4Matrix, weight_scale_2: torch.Tensor) -> NVFP4Tensor:
+def _quantize_amax(m: Int4Matrix, weight_scale_2: torch.Tensor, keys: BlockKeys | None = None) -> NVFP4Tensor:
+    if keys is None and lut_eligible(m):
+        keys = BlockKeys.of(m)
+    if keys is not None:  # Model Optimizer's bits per (scale, largest |q|), then byte lookup: the same bytes
+        bits = key_bits(keys, model_optimizer_bits, weight_scale_2).view(keys.block_id.shape)
+        weight = encode_blocks(code_bytes(m), keys.values, keys.block_id, bits, weight_scale_2)
+        return NVFP4Tensor(weight, e4m3_from_bits(bits), weight_scale_2)
     weights, scales = [], []
     step = _row_step(m)
     for start in range(0, m.shape[0], step):
@@ -227,7 +251,7 @@ def _quantize_amax_stacked(mats: Sequence[Int4Matrix], weight_scale_2: torch.Ten
     With one shared weight_scale_2 every operation of the amax rule is row-local (block amax, block
     scale, codes), so stacking rows gives the same bytes with half the kernel launches for gate+up.
     """
-    if len(mats) == 1 or len({m.shape[1] for m in mats}) != 1:
+    if len(mats) == 1 or len({m.shape[1] for m in mats}) != 1 or all(map(lut_eligible, mats)):
         return [_quantize_amax(m, weight_scale_2) for m in mats]
     stacked = Int4Matrix(torch.cat([m.codes for m in mats]), torch.cat([m.group_scale for m in mats]))
     whole = _quantize_amax(stacked, weight_scale_2)
@@ -249,18 +273,27 @@ def quantize_int4_matrices(
     devices = {m.device for m in mats}
     if len(devices) != 1:
         raise ValueError(f"matrices converted together must share a device, got {sorted(map(str, devices))}")
-    baseline_scale_2 = shared_tensor_scale(mats, ScaleMethod.AMAX)
+    # Both tensor scales from one amax (`shared_tensor_scale`'s rules); on the CPU from the blocks' keys.
+    keys = [BlockKeys.of(m) for m in mats] if all(map(lut_eligible, mats)) else [None] * len(mats)
+    amax = torch.stack([m.amax() if k is None else k.amax() for m, k in zip(mats, keys)]).amax()
+    baseline_scale_2 = tensor_scale_from_amax(amax)
     if method is ScaleMethod.AMAX:
+        if keys[0] is not None:
+            return [_quantize_amax(m, baseline_scale_2, k) for m, k in zip(mats, keys)]
         return _quantize_amax_stacked(mats, baseline_scale_2)
-    weight_scale_2 = shared_tensor_scale(mats, method)
-    searched = [search_block_scales(m, weight_scale_2, method, baseline_scale_2) for m in mats]
+    weight_scale_2 = power_of_two_tensor_scale(amax)
+    searched = []
+    for m, k in zip(mats, keys):
+        chosen, _, chosen_error, baseline_error = search_block_bits(m, weight_scale_2, method, baseline_scale_2, keys=k)
+        chosen_total, baseline_total = torch.stack([chosen_error, baseline_error]).tolist()
+        searched.append((e4m3_from_bits(chosen), chosen_total, baseline_total))
     # The search tensor scale differs from Model Optimizer's, so block-wise dominance over `amax` does
     # not carry over to whole matrices by construction; compare the group's totals and keep amax's
     # result in the (never observed) case it is better. The totals are float64 sums of fp32 block
     # errors; their order may differ by device, which could only matter for a near-exact tie.
     if sum(e for _, e, _ in searched) > sum(b for _, _, b in searched):
-        return [_quantize_amax(m, baseline_scale_2) for m in mats]
+        return [_quantize_amax(m, baseline_scale_2, k) for m, k in zip(mats, keys)]
     return [
-        NVFP4Tensor(_encode_rows(m, block_scale, weight_scale_2), block_scale, weight_scale_2)
-        for m, (block_scale, _, _) in zip(mats, searched)
+        NVFP4Tensor(_encode_rows(m, block_scale, weight_scale_2, k), block_scale, weight_scale_2)
+        for m, k, (block_scale, _, _) in zip(mats, keys, searched)
     ]

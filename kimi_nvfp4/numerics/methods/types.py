@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 import torch
@@ -33,6 +33,12 @@ _NIBBLE_MASK = 0xF
 _NIBBLE_BITS = 4
 
 
+def _word_bytes_are_nibble_pairs(weight_packed: torch.Tensor, in_features: int) -> bool:
+    """The words' bytes are the `[out, in/2]` nibble pairs: full-width 2-d int32 on a little-endian host."""
+    full_width = weight_packed.ndim == 2 and weight_packed.shape[1] * INT4_PER_INT32 == in_features
+    return weight_packed.dtype == torch.int32 and full_width and sys.byteorder == "little"
+
+
 def unpack_int4_bytes(weight_packed: torch.Tensor, in_features: int) -> torch.Tensor:
     """Same codes as `unpack_int4`, through the packed words' bytes (the conversion's hot path).
 
@@ -40,8 +46,7 @@ def unpack_int4_bytes(weight_packed: torch.Tensor, in_features: int) -> torch.Te
     nibble), so two byte-wide passes replace eight int32 shifts: a quarter of the memory traffic.
     Falls back to `unpack_int4` (which validates) for anything but a full-width 2-d int32 tensor.
     """
-    full_width = weight_packed.ndim == 2 and weight_packed.shape[1] * INT4_PER_INT32 == in_features
-    if weight_packed.dtype != torch.int32 or not full_width or sys.byteorder != "little":
+    if not _word_bytes_are_nibble_pairs(weight_packed, in_features):
         return unpack_int4(weight_packed, in_features)
     packed_bytes = weight_packed.contiguous().view(torch.uint8)
     nibbles = torch.stack((packed_bytes & _NIBBLE_MASK, packed_bytes >> _NIBBLE_BITS), dim=-1)
@@ -54,6 +59,9 @@ class Int4Matrix:
 
     codes: torch.Tensor  # int8 [out, in], values in [-8, 7]
     group_scale: torch.Tensor  # float32 [out, in/32] (bf16 values widened)
+    # uint8 [out, in/2], `q + 8` per nibble, even column low: the source words' bytes when read on the CPU
+    # (`from_packed`), else packed on first use by the CPU's byte-lookup paths (`methods/lut.py`).
+    packed_bytes: torch.Tensor | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.codes.dtype != torch.int8 or self.codes.ndim != 2:
@@ -70,7 +78,10 @@ class Int4Matrix:
     @classmethod
     def from_packed(cls, weight_packed: torch.Tensor, weight_scale: torch.Tensor, in_features: int) -> Int4Matrix:
         """From compressed-tensors `weight_packed` int32 `[out, in/8]` and `weight_scale` bf16 `[out, in/32]`."""
-        return cls(unpack_int4_bytes(weight_packed, in_features), weight_scale.to(torch.float32))
+        m = cls(unpack_int4_bytes(weight_packed, in_features), weight_scale.to(torch.float32))
+        if weight_packed.device.type == "cpu" and _word_bytes_are_nibble_pairs(weight_packed, in_features):
+            m.packed_bytes = weight_packed.contiguous().view(torch.uint8)
+        return m
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -81,10 +92,13 @@ class Int4Matrix:
         return self.codes.device
 
     def to(self, device: torch.device | str) -> Int4Matrix:
-        return Int4Matrix(self.codes.to(device), self.group_scale.to(device))
+        on_cpu = torch.device(device).type == "cpu"  # only the CPU uses the bytes
+        packed = self.packed_bytes.to(device) if self.packed_bytes is not None and on_cpu else None
+        return Int4Matrix(self.codes.to(device), self.group_scale.to(device), packed)
 
     def rows(self, start: int, stop: int) -> Int4Matrix:
-        return Int4Matrix(self.codes[start:stop], self.group_scale[start:stop])
+        packed = None if self.packed_bytes is None else self.packed_bytes[start:stop]
+        return Int4Matrix(self.codes[start:stop], self.group_scale[start:stop], packed)
 
     def values(self) -> torch.Tensor:
         """float32 `[out, in]`; exact (4-bit code times bf16 scale)."""
