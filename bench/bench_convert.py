@@ -6,6 +6,7 @@ child that only imports torch and our package gives the baseline RSS to subtract
     python bench/bench_convert.py --work /tmp/bench_convert --method amax --method int4-aware       # CPU
     python bench/bench_convert.py --work /tmp/bench_convert --device cuda --experts 64 --workers 4   # H200
     python bench/bench_convert.py ... --peer-python /tmp/venv-llmc/bin/python   # llm-compressor in another venv
+    python bench/bench_convert.py --device cuda --experts 384 --layers 2 --synth-device cuda --workers 4   # real MoE layer
 
 The checkpoint is `synth --preset k2.6` (real K2.6 tensor shapes) with few layers and experts.
 Speed is GB/s of INT4 expert input (weight_packed + weight_scale bytes) over the wall time of the
@@ -141,13 +142,17 @@ def run_child(
 
 def ensure_source(args: argparse.Namespace) -> Path:
     from kimi_nvfp4.synth import create_synthetic_checkpoint
+    from kimi_nvfp4.synth.writing import resolve_synth_device
 
-    source = Path(args.work) / f"src_k26_L{args.layers}_E{args.experts}_V{args.vocab_size}_S{args.shards}"
+    # A CUDA-generated source has other (equally distributed) contents than a CPU one: cache it apart.
+    synth_device = resolve_synth_device(args.synth_device).type
+    device_tag = "" if synth_device == "cpu" else f"_D{synth_device}"
+    source = Path(args.work) / f"src_k26_L{args.layers}_E{args.experts}_V{args.vocab_size}_S{args.shards}{device_tag}"
     if not (source / "config.json").is_file():
         print(f"writing synthetic checkpoint {source} ...", flush=True)
         create_synthetic_checkpoint(
             source, preset="k2.6", layers=args.layers, experts=args.experts, shards=args.shards,
-            vocab_size=args.vocab_size, progress=True,
+            vocab_size=args.vocab_size, device=synth_device, workers=args.synth_workers, progress=True,
         )
     return source
 
@@ -215,6 +220,9 @@ def parse_args() -> argparse.Namespace:
                    help="Embedding rows; Kimi's 163840 adds 4.7 GB of BF16 pass-through to both tools.")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--workers", type=int, default=1, help="Our --workers and the peer's max_workers.")
+    p.add_argument("--synth-device", choices=["cpu", "cuda", "auto"], default="cpu",
+                   help="Where the source checkpoint is synthesised (cuda: seconds for 384 experts, other contents).")
+    p.add_argument("--synth-workers", type=int, default=1, help="Processes synthesising the source checkpoint.")
     p.add_argument("--method", dest="methods", action="append", choices=METHODS,
                    help="Our scale method(s) to time; repeat for several (default: int4-aware).")
     p.add_argument("--peer-python", default=sys.executable, help="Python that has llmcompressor installed.")

@@ -7,6 +7,8 @@ Matches compressed_tensors.compressors.pack_quantized.helpers.{pack_to_int32, un
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from .constants import (
@@ -40,17 +42,44 @@ def unpack_int4(weight_packed: torch.Tensor, in_features: int) -> torch.Tensor:
 
 
 def pack_int4(codes: torch.Tensor) -> torch.Tensor:
-    """int codes `[out, in]` in [-8, 7] -> int32 `[out, ceil(in/8)]` (inverse of unpack_int4)."""
+    """int codes `[out, in]` in [-8, 7] -> int32 `[out, ceil(in/8)]` (inverse of unpack_int4).
+
+    Byte-wise: nibble pairs `(q[2i] + 8) | (q[2i+1] + 8) << 4` make bytes, and four consecutive bytes
+    read as a little-endian int32 are exactly the word whose bits `4k..4k+3` hold column `8j+k`
+    (compressed-tensors' `pack_to_int32`, bit for bit). Works on any device; the result stays there.
+    """
     if codes.ndim != 2:
         raise ValueError(f"expected 2-d codes, got shape {tuple(codes.shape)}")
-    if codes.numel() and (int(codes.min()) < INT4_MIN or int(codes.max()) > INT4_MAX):
-        raise ValueError("int4 codes must lie in [-8, 7]")
+    if codes.numel():
+        low, high = torch.aminmax(codes)
+        if int(low) < INT4_MIN or int(high) > INT4_MAX:
+            raise ValueError("int4 codes must lie in [-8, 7]")
     out_features, in_features = codes.shape
-    pad = (-in_features) % INT4_PER_INT32
-    nibbles = (codes.to(torch.int64) + INT4_OFFSET)
+    words = -(-in_features // INT4_PER_INT32)
+    if words == 0:
+        return torch.empty((out_features, 0), dtype=torch.int32, device=codes.device)
+    if sys.byteorder != "little":
+        return _pack_int4_words(codes)
+    pad = words * INT4_PER_INT32 - in_features
+    # q + 8 as uint8: int8 storage reinterpreted as uint8 wraps, and adding 8 wraps back into [0, 15].
+    nibbles = codes.view(torch.uint8) if codes.dtype == torch.int8 else codes.to(torch.int16).to(torch.uint8)
+    nibbles = (nibbles + INT4_OFFSET).contiguous()
     if pad:
         # compressed-tensors' pack_to_int32 pads with nibble 0 (after the offset); do the same so that
         # packed words are byte-identical for widths that are not a multiple of 8.
+        nibbles = torch.nn.functional.pad(nibbles, (0, pad), value=_PAD_NIBBLE)
+    pairs = nibbles.view(out_features, words * INT4_PER_INT32 // 2, 2)
+    packed = pairs[..., 1] << INT4_BITS
+    packed |= pairs[..., 0]
+    return packed.view(torch.int32)
+
+
+def _pack_int4_words(codes: torch.Tensor) -> torch.Tensor:
+    """Arithmetic packing (any byte order, any shape): sum of shifted nibbles per int32 word."""
+    out_features, in_features = codes.shape
+    pad = (-in_features) % INT4_PER_INT32
+    nibbles = codes.to(torch.int64) + INT4_OFFSET
+    if pad:
         nibbles = torch.nn.functional.pad(nibbles, (0, pad), value=_PAD_NIBBLE)
     nibbles = nibbles.reshape(out_features, -1, INT4_PER_INT32) << _shifts(codes.device).to(torch.int64)
     words = nibbles.sum(dim=-1)  # disjoint bit fields: sum == bitwise or

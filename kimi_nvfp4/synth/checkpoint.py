@@ -3,6 +3,10 @@
 Used by every stage's tests (preset `tiny`: ~42 MB, nearly all of it the 163840-row embedding and
 head; pass a smaller `vocab_size` when the tokenizer is not used) and by
 benchmarks (preset `k2.6`: real tensor shapes with fewer layers / experts).
+
+Speed: `workers` processes generate and write tensors in parallel (same bytes for any number), and
+`device="cuda"` draws, quantizes and packs on the GPU (other contents than the CPU's, still
+deterministic per seed) for real-sized benchmarks, e.g. a 384-expert K2.6 layer. See `writing.py`.
 """
 
 from __future__ import annotations
@@ -16,11 +20,18 @@ from tqdm.auto import tqdm
 
 from ..checkpoint.k2_config import K2Config
 from ..checkpoint.layout import LayoutKind
-from ..checkpoint.writer import ShardWriter, write_index, write_json_atomic
+from ..checkpoint.writer import write_index, write_json_atomic
 from ..errors import OutputError
-from .configs import KIMI_VOCAB_SIZE, PRESETS, deepseek_v3_config, deepseek_v3_text_config, kimi_k25_config
-from .tensors import CodeDistribution, TensorSpec, checkpoint_tensor_specs, generate_tensors
+from .configs import (
+    KIMI_VOCAB_SIZE,
+    PRESETS,
+    deepseek_v3_config,
+    deepseek_v3_text_config,
+    kimi_k25_config,
+)
+from .tensors import CodeDistribution, TensorSpec, checkpoint_tensor_specs
 from .tokenizer_files import write_tokenizer_files
+from .writing import lay_out_shards, resolve_synth_device, write_shards
 
 KIMI_K25_PREFIX = "language_model."
 
@@ -97,6 +108,8 @@ def create_synthetic_checkpoint(
     code_distribution: str = "realistic",
     vocab_size: int = KIMI_VOCAB_SIZE,
     config_overrides: dict[str, Any] | None = None,
+    device: str = "cpu",
+    workers: int = 1,
     progress: bool = False,
 ) -> Path:
     """Write a K2-layout INT4 checkpoint to `out_dir` (must be absent or empty) and return its path.
@@ -104,29 +117,33 @@ def create_synthetic_checkpoint(
     `layout`: "kimi_k25" (K2.5/K2.6 wrapper, `language_model.` prefix, vision tower) or
     "deepseek_v3" (Kimi-K2-Thinking). `config_overrides` replaces text-config keys (e.g.
     `{"q_lora_rank": None}`). Same arguments, same bytes.
+
+    `device`: where the random tensors are drawn, quantized and packed. "cpu" (default) gives the contents
+    tests pin; "cuda" uses CUDA's generator, so its contents differ from the CPU's (same shapes,
+    distributions and encoding; deterministic per seed on the same GPU model and torch version); "auto"
+    is cuda when available. `workers`: processes generating and writing in parallel; the files are
+    byte-identical for any number (each tensor is seeded by its name). Each process holds one expert
+    matrix (or 4096 rows of a BF16 tensor) at a time. Workers are spawned, so a script that calls this
+    with `workers > 1` needs the usual `if __name__ == "__main__":` guard.
     """
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
         raise OutputError(f"file {out}: output folder is not empty")
-    out.mkdir(parents=True, exist_ok=True)
+    dev = resolve_synth_device(device)
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
     plan = plan_synthetic_checkpoint(
         preset=preset, layers=layers, experts=experts, layout=layout, vocab_size=vocab_size, config_overrides=config_overrides
     )
     distribution = CodeDistribution(code_distribution)
     groups = split_into_shards(plan.specs, shards)
-    weight_map: dict[str, str] = {}
-    total_size = 0
-    bar = tqdm(total=sum(s.nbytes for s in plan.specs), unit="B", unit_scale=True, desc="synth", disable=not progress)
-    for i, group in enumerate(groups, start=1):
-        name = shard_file_name(i, len(groups))
-        writer = ShardWriter(out / name)
-        for tensor_name, tensor in generate_tensors(group, seed, distribution):
-            writer.add(tensor_name, tensor)
-            weight_map[tensor_name] = name
-            total_size += tensor.numel() * tensor.element_size()
-            bar.update(tensor.numel() * tensor.element_size())
-        writer.commit()
-    bar.close()
+    names = [shard_file_name(i, len(groups)) for i in range(1, len(groups) + 1)]
+    out.mkdir(parents=True, exist_ok=True)
+    layouts, tasks = lay_out_shards(out, groups, names)
+    weight_map = {spec.name: name for group, name in zip(groups, names, strict=True) for spec in group}
+    total_size = sum(s.nbytes for s in plan.specs)
+    with tqdm(total=total_size, unit="B", unit_scale=True, desc="synth", disable=not progress) as bar:
+        write_shards(layouts, tasks, seed=seed, distribution=distribution, device=dev, workers=workers, on_bytes=bar.update)
     write_index(out, weight_map, total_size)
     write_json_atomic(out / "config.json", plan.config)
     write_tokenizer_files(out)

@@ -6,6 +6,7 @@ import click
 
 from .checkpoint import create_synthetic_checkpoint
 from .configs import KIMI_VOCAB_SIZE, PRESETS
+from .writing import SYNTH_DEVICES
 
 
 @click.command("synth")
@@ -22,10 +23,15 @@ from .configs import KIMI_VOCAB_SIZE, PRESETS
               show_default=True, help="INT4 codes from Gaussian weights (realistic) or uniformly random.")
 @click.option("--vocab-size", type=int, default=KIMI_VOCAB_SIZE, show_default=True,
               help="Embedding rows; Kimi's special-token ids need the full 163840.")
-def synth_command(out, preset, layers, experts, shards, seed, layout, code_distribution, vocab_size):
+@click.option("--device", type=click.Choice(SYNTH_DEVICES), default="cpu", show_default=True,
+              help="Where tensors are generated and quantized. cpu: the reference contents; cuda: much faster, "
+                   "different (still seed-deterministic) contents; auto: cuda if available.")
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Processes generating and writing tensors in parallel (same bytes for any number).")
+def synth_command(out, preset, layers, experts, shards, seed, layout, code_distribution, vocab_size, device, workers):
     """Write a synthetic Kimi K2 INT4 checkpoint (compressed-tensors pack-quantized experts) to OUT."""
     path = create_synthetic_checkpoint(
         out, preset=preset, layers=layers, experts=experts, shards=shards, seed=seed, layout=layout,
-        code_distribution=code_distribution, vocab_size=vocab_size, progress=True,
+        code_distribution=code_distribution, vocab_size=vocab_size, device=device, workers=workers, progress=True,
     )
     click.echo(f"wrote {path}")

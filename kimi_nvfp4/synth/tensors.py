@@ -3,11 +3,13 @@
 `checkpoint_tensor_specs` lists every tensor (name, shape, dtype, how to fill it) in the order a
 real checkpoint stores them (embeddings, then layer by layer, then norm / head / vision), so shards
 cut from this list split the way Moonshot's do (an expert's gate and up can land in different
-shards). Contents are deterministic per tensor name and seed, independent of sharding.
+shards). Contents are deterministic per tensor name, seed and device type (cpu / cuda), independent of
+sharding, of the number of writing processes and of the order tensors are generated in.
 """
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -163,60 +165,143 @@ def checkpoint_tensor_specs(c: K2Config, prefix: str, vision: dict[str, Any] | N
 
 
 # --- contents ------------------------------------------------------------------------------
-def _generator(seed: int, key: str) -> torch.Generator:
+# Contents are a function of (seed, tensor or matrix name, device type): `cpu` gives the pinned bytes every
+# test relies on; `cuda` draws from CUDA's Philox generator instead, so its contents differ from the CPU's
+# (deterministic for the same seed, GPU model and torch version; same distributions and encoding).
+def _generator(seed: int, key: str, device: torch.device | str = "cpu") -> torch.Generator:
     # Seed per tensor (or per expert matrix) so contents do not depend on shard order.
-    return torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(key.encode())) % (2**63))
+    return torch.Generator(device=device).manual_seed((seed * 1_000_003 + zlib.crc32(key.encode())) % (2**63))
 
 
-def _gaussian_bf16(shape: tuple[int, ...], std: float, gen: torch.Generator) -> torch.Tensor:
-    out = torch.empty(shape, dtype=torch.bfloat16)
-    flat = out.view(shape[0], -1) if len(shape) > 1 else out.view(1, -1)
-    for start in range(0, flat.shape[0], _GENERATE_ROWS):
-        rows = flat[start : start + _GENERATE_ROWS]
-        rows.copy_(torch.randn(rows.shape, generator=gen) * std)
-    return out
+class Workspace:
+    """Reusable scratch buffers of one generating process (a new multi-MB tensor per matrix costs page faults).
+
+    Holds one buffer per role and dtype (the largest asked for); its contents are only valid until the next
+    request for that role.
+    """
+
+    def __init__(self, device: torch.device | str = "cpu"):
+        self.device = torch.device(device)
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def _get(self, role: str, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        buf = self._buffers.get(role)
+        if buf is None or buf.numel() < numel:
+            self._buffers.pop(role, None)
+            buf = torch.empty(numel, dtype=dtype, device=device)
+            self._buffers[role] = buf
+        return buf[:numel]
+
+    def buffer(self, role: str, shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """A tensor of `shape` on the workspace's device (garbage contents), reused per `role` and dtype."""
+        return self._get(f"{role}:{dtype}", math.prod(shape), dtype, self.device).view(shape)
+
+
+def gaussian_bf16_chunks(
+    shape: tuple[int, ...], std: float, gen: torch.Generator, workspace: Workspace
+) -> Iterator[tuple[int, torch.Tensor]]:
+    """(element offset, bf16 rows) of a Gaussian tensor, `_GENERATE_ROWS` rows of `shape[0]` at a time.
+
+    The rows live in `workspace` buffers: use each chunk before asking for the next.
+    """
+    rows = shape[0] if len(shape) > 1 else 1
+    row_len = math.prod(shape) // rows
+    for start in range(0, rows, _GENERATE_ROWS):
+        n = min(_GENERATE_ROWS, rows - start)
+        x = workspace.buffer("gaussian", (n, row_len))
+        torch.randn((n, row_len), generator=gen, out=x)
+        yield start * row_len, workspace.buffer("gaussian", (n, row_len), torch.bfloat16).copy_(x.mul_(std))
 
 
 def synthetic_int4_matrix(
-    module: str, out_f: int, in_f: int, seed: int, distribution: CodeDistribution
+    module: str,
+    out_f: int,
+    in_f: int,
+    seed: int,
+    distribution: CodeDistribution,
+    device: torch.device | str = "cpu",
+    workspace: Workspace | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(int8 codes [out, in], bf16 group scales [out, in/32]) for one expert matrix."""
-    gen = _generator(seed, module)
+    """(int8 codes [out, in], bf16 group scales [out, in/32]) for one expert matrix, on `device`."""
+    gen = _generator(seed, module, device)
     groups = in_f // INT4_GROUP_SIZE
     if distribution is CodeDistribution.UNIFORM:
-        codes = torch.randint(INT4_MIN, INT4_MAX + 1, (out_f, in_f), generator=gen, dtype=torch.int8)
-        log_scale = torch.rand(out_f, groups, generator=gen) * 6.0 - 10.0  # scales in [2^-10, 2^-4]
+        codes = torch.randint(INT4_MIN, INT4_MAX + 1, (out_f, in_f), generator=gen, dtype=torch.int8, device=device)
+        log_scale = torch.rand(out_f, groups, generator=gen, device=device) * 6.0 - 10.0  # scales in [2^-10, 2^-4]
         return codes, torch.exp2(log_scale).to(torch.bfloat16)
-    row_std = LINEAR_WEIGHT_STD * torch.exp(torch.randn(out_f, 1, generator=gen) * EXPERT_ROW_LOG_STD)
-    w = (torch.randn(out_f, in_f, generator=gen) * row_std).view(out_f, groups, INT4_GROUP_SIZE)
-    scale = (w.abs().amax(dim=-1) / INT4_ABSMAX_DIVISOR).to(torch.bfloat16)
+    row_std = LINEAR_WEIGHT_STD * torch.exp(torch.randn(out_f, 1, generator=gen, device=device) * EXPERT_ROW_LOG_STD)
+    w = (workspace or Workspace(device)).buffer("int4", (out_f, in_f))
+    torch.randn((out_f, in_f), generator=gen, out=w)
+    w3 = w.mul_(row_std).view(out_f, groups, INT4_GROUP_SIZE)
+    # max |w| per group in one pass, without an |w| temporary: max(max w, -min w) is exactly amax(|w|).
+    low, high = torch.aminmax(w3, dim=-1)
+    scale = (torch.maximum(high, low.neg_()) / INT4_ABSMAX_DIVISOR).to(torch.bfloat16)
     scale = torch.where(scale == 0, torch.ones_like(scale), scale)
-    codes = torch.round(w / scale.float().unsqueeze(-1)).clamp_(INT4_MIN, INT4_MAX).to(torch.int8)
+    codes = w3.div_(scale.float().unsqueeze(-1)).round_().clamp_(INT4_MIN, INT4_MAX).to(torch.int8)
     return codes.view(out_f, in_f), scale
 
 
-def generate_tensors(
-    specs: list[TensorSpec], seed: int, distribution: CodeDistribution
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (name, tensor) for `specs`; an expert's three tensors come from one generated matrix."""
-    int4_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+@dataclass(frozen=True)
+class WorkUnit:
+    """Tensors generated together: one tensor, or the packed weight / scale / shape of one INT4 matrix
+    (whichever of them a caller asks for; they may sit in different shards)."""
+
+    specs: tuple[TensorSpec, ...]
+
+    @property
+    def cost(self) -> int:
+        """Relative generation cost (random numbers drawn, INT4 matrices weighted for their quantization)."""
+        spec = self.specs[0]
+        if spec.matrix_shape is not None:
+            return 3 * spec.matrix_shape[0] * spec.matrix_shape[1]
+        return math.prod(spec.shape)
+
+
+def work_units(specs: list[TensorSpec]) -> list[WorkUnit]:
+    """Group `specs` into units (an INT4 matrix's tensors together, at its first tensor's place)."""
+    units: list[list[TensorSpec]] = []
+    int4_units: dict[str, list[TensorSpec]] = {}
     for spec in specs:
-        if spec.fill in (Fill.INT4_PACKED, Fill.INT4_SCALE, Fill.INT4_SHAPE):
-            module = spec.name.rsplit(".", 1)[0]
-            out_f, in_f = spec.matrix_shape
-            if spec.fill is Fill.INT4_SHAPE:
-                yield spec.name, torch.tensor([out_f, in_f], dtype=torch.int32)
-                continue
-            if module not in int4_cache:
-                int4_cache.clear()  # experts come one module at a time: keep one matrix alive
-                int4_cache[module] = synthetic_int4_matrix(module, out_f, in_f, seed, distribution)
-            codes, scale = int4_cache[module]
-            yield spec.name, (pack_int4(codes) if spec.fill is Fill.INT4_PACKED else scale.clone())
+        if spec.matrix_shape is None:
+            units.append([spec])
             continue
-        gen = _generator(seed, spec.name)
-        if spec.fill is Fill.LINEAR:
-            yield spec.name, _gaussian_bf16(spec.shape, LINEAR_WEIGHT_STD, gen)
-        elif spec.fill is Fill.NORM:
-            yield spec.name, (1.0 + 0.05 * torch.randn(spec.shape, generator=gen)).to(spec.dtype)
-        else:
-            yield spec.name, (0.01 * torch.randn(spec.shape, generator=gen)).to(spec.dtype)
+        module = spec.name.rsplit(".", 1)[0]
+        if module not in int4_units:
+            int4_units[module] = []
+            units.append(int4_units[module])
+        int4_units[module].append(spec)
+    return [WorkUnit(tuple(u)) for u in units]
+
+
+def unit_chunks(
+    unit: WorkUnit, seed: int, distribution: CodeDistribution, workspace: Workspace
+) -> Iterator[tuple[str, int, torch.Tensor]]:
+    """Yield (tensor name, byte offset in that tensor, contiguous chunk on the workspace's device) for `unit`.
+
+    Memory: one INT4 matrix, or `_GENERATE_ROWS` rows of a BF16 tensor, at a time; a chunk may live in a
+    workspace buffer, so use (write or copy) it before asking for the next.
+    """
+    device = workspace.device
+    first = unit.specs[0]
+    if first.matrix_shape is not None:
+        module = first.name.rsplit(".", 1)[0]
+        out_f, in_f = first.matrix_shape
+        codes = scale = None
+        if any(s.fill is not Fill.INT4_SHAPE for s in unit.specs):
+            codes, scale = synthetic_int4_matrix(module, out_f, in_f, seed, distribution, device, workspace)
+        for spec in unit.specs:
+            if spec.fill is Fill.INT4_SHAPE:
+                yield spec.name, 0, torch.tensor([out_f, in_f], dtype=torch.int32)
+            elif spec.fill is Fill.INT4_PACKED:
+                yield spec.name, 0, pack_int4(codes)
+            else:
+                yield spec.name, 0, scale
+        return
+    gen = _generator(seed, first.name, device)
+    if first.fill is Fill.LINEAR:
+        for start, chunk in gaussian_bf16_chunks(first.shape, LINEAR_WEIGHT_STD, gen, workspace):
+            yield first.name, start * chunk.element_size(), chunk
+    elif first.fill is Fill.NORM:
+        yield first.name, 0, (1.0 + 0.05 * torch.randn(first.shape, generator=gen, device=device)).to(first.dtype)
+    else:
+        yield first.name, 0, (0.01 * torch.randn(first.shape, generator=gen, device=device)).to(first.dtype)

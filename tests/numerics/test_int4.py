@@ -75,3 +75,51 @@ def test_byte_wise_unpack_equals_unpack_int4_for_every_nibble_pattern():
     assert torch.equal(unpack_int4_bytes(words, 127), unpack_int4(words, 127))
     with pytest.raises(ValueError):
         unpack_int4_bytes(words, 200)
+
+
+def _reference_pack(codes: torch.Tensor) -> torch.Tensor:
+    """The arithmetic packer pack_int4 used before its byte-wise rewrite (int64 nibbles << 4k, summed)."""
+    out_features, in_features = codes.shape
+    pad = (-in_features) % 8
+    nibbles = codes.to(torch.int64) + 8
+    if pad:
+        nibbles = torch.nn.functional.pad(nibbles, (0, pad), value=0)
+    words = (nibbles.reshape(out_features, -1, 8) << (torch.arange(8, dtype=torch.int64) * 4)).sum(dim=-1)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+@pytest.mark.parametrize("shape", [(7, 7168), (16, 2048), (3, 33), (4, 15), (1, 2), (9, 1)], ids=str)
+def test_byte_wise_pack_equals_the_arithmetic_pack_and_compressed_tensors(shape):
+    gen = torch.Generator().manual_seed(sum(shape))
+    codes = torch.randint(-8, 8, shape, generator=gen, dtype=torch.int8)
+    codes[0, : min(16, shape[1])] = torch.arange(-8, 8, dtype=torch.int8)[: min(16, shape[1])]
+    ours = pack_int4(codes)
+    assert ours.dtype == torch.int32 and ours.is_contiguous()
+    assert torch.equal(ours, _reference_pack(codes))
+    assert torch.equal(ours, pack_to_int32(codes, 4))
+    assert torch.equal(unpack_int4(ours, shape[1]), codes)
+
+
+def test_pack_accepts_other_integer_dtypes_and_strided_codes():
+    codes = torch.randint(-8, 8, (24, 40), generator=torch.Generator().manual_seed(9), dtype=torch.int8)
+    expected = _reference_pack(codes)
+    for variant in (codes.to(torch.int32), codes.to(torch.int64), codes.to(torch.int16)):
+        assert torch.equal(pack_int4(variant), expected)
+    transposed = codes.t().contiguous().t()  # same values, column-major storage
+    assert not transposed.is_contiguous() and torch.equal(pack_int4(transposed), expected)
+    assert torch.equal(pack_int4(codes[:, :33]), _reference_pack(codes[:, :33]))  # a strided view with padding
+    assert pack_int4(torch.zeros(0, 16, dtype=torch.int8)).shape == (0, 2)
+    assert pack_int4(torch.zeros(3, 0, dtype=torch.int8)).shape == (3, 0)
+    with pytest.raises(ValueError):
+        pack_int4(torch.full((1, 8), -9, dtype=torch.int8))
+    with pytest.raises(ValueError):
+        pack_int4(torch.zeros(8, dtype=torch.int8))
+
+
+@pytest.mark.gpu
+def test_pack_on_cuda_equals_cpu():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    codes = torch.randint(-8, 8, (64, 7168 + 4), generator=torch.Generator().manual_seed(2), dtype=torch.int8)
+    got = pack_int4(codes.cuda())
+    assert got.device.type == "cuda" and torch.equal(got.cpu(), pack_int4(codes))
