@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the GPU tests and GPU benchmarks on one H200 (the device tool's machine), part by part,
 # each bounded by its own timeout so one slow step cannot eat the whole call.
-# Usage (from the repo root): bash bench/gpu_suite.sh PART OUTDIR   (PART: tests | convert | final | calibrate | stages)
+# Usage (from the repo root): bash bench/gpu_suite.sh PART OUTDIR   (PART: tests | kernels | e2e | convert | final | calibrate | stages)
 set -u
 part=$1; out=${2:-/tmp/gpu_suite}; mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -38,6 +38,18 @@ case $part in
     step ablation 200 python3 bench/convert_ablation.py --work /tmp/abl --device cuda --experts 64 --shards 8 --workers 8 --method int4-aware
     step convert 200 python3 bench/bench_convert.py --device cuda --skip-peer --work /tmp/bench_convert --layers 2 \
       --experts ${CONVERT_EXPERTS:-96} --shards 8 --workers 8 --method amax --method int4-aware
+    ;;
+  kernels)
+    python3 -c 'import triton; print("triton", triton.__version__)' | tee -a "$out/gpu.txt"
+    step gpu_tests 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/numerics tests/convert
+    step tune 180 python3 bench/tune_triton_search.py --experts 8
+    [ -n "${SKIP_DISK:-}" ] || step disk 120 python3 bench/disk_write_rate.py /tmp --gib 4 --writers 1 4 8
+    ;;
+  e2e)
+    # K2.6's real expert count (one dense + one MoE layer: ~86% of the bytes are INT4 experts, as in K2.6's ~96%).
+    python3 -c 'import hashlib, os, time; b = os.urandom(1 << 28); t = time.perf_counter(); hashlib.sha256(b).digest(); print(f"sha256 one thread: {0.268 / (time.perf_counter() - t):.2f} GB/s")'
+    step ablation 480 python3 bench/convert_ablation.py --work /tmp/abl --device cuda --layers 2 --experts ${E2E_EXPERTS:-384} \
+      --shards 8 --workers 8 --synth-device cuda --method int4-aware --method amax --rows ${E2E_ROWS:-1,2,3,6}
     ;;
   calibrate)
     step calibrate 200 python3 bench/bench_calibrate.py --device cuda --work-dir /tmp/kimi_bench --json "$out/calibrate.json" \

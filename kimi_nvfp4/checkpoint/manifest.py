@@ -48,6 +48,9 @@ class ShardRecord(_Strict):
     sha256: str
     bytes: int
     tensors: int
+    # False when written without fsync (`convert --no-fsync`): trusted on resume only within the same boot
+    # (`ConversionManifest.boot_id`); after a reboot its sha256 is checked first (convert/output.py).
+    durable: bool = True
 
 
 class StageRecord(_Strict):
@@ -66,6 +69,19 @@ class ConversionManifest(_Strict):
     complete: bool = False
     tensor_stats: dict[str, dict[str, Any]] = Field(default_factory=dict)
     stages: dict[str, StageRecord] = Field(default_factory=dict)
+    boot_id: str | None = None  # the OS boot of the last convert run (`current_boot_id`)
+
+
+_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+def current_boot_id() -> str | None:
+    """Linux's id of the running boot: unchanged across process crashes, new after an OS crash or reboot, which
+    is what can lose bytes written without fsync. None where the OS does not provide one."""
+    try:
+        return _BOOT_ID.read_text().strip() or None
+    except OSError:
+        return None
 
 
 def load_manifest(directory: str | Path) -> ConversionManifest:
@@ -79,9 +95,9 @@ def load_manifest(directory: str | Path) -> ConversionManifest:
         raise CheckpointError(f"manifest is malformed ({first})", file=path) from None
 
 
-def save_manifest(directory: str | Path, manifest: ConversionManifest) -> Path:
-    """Write atomically (temporary name, fsync, rename)."""
+def save_manifest(directory: str | Path, manifest: ConversionManifest, *, durable: bool = True) -> Path:
+    """Write atomically (temporary name, fsync unless not `durable`, rename)."""
     path = Path(directory) / MANIFEST_NAME
     text = json.dumps(manifest.model_dump(mode="json"), indent=2, sort_keys=False) + "\n"
-    write_bytes_atomic(path, text.encode())
+    write_bytes_atomic(path, text.encode(), durable=durable)
     return path

@@ -5,7 +5,8 @@ A shard is serialised by hand (8-byte header length, JSON header, raw tensor byt
   the shard (`safetensors.torch.save` builds the whole file as one `bytes` object first);
 - the sha256 is computed while writing, without reading the file back;
 - the file is written as `.NAME.partial`, fsynced, then renamed: a crash or a full disk never
-  leaves a file that looks finished;
+  leaves a file that looks finished (`durable=False` skips the fsync: the bytes reach the disk when the
+  OS writes them back; only an OS crash or power loss before that can lose them, see convert/output.py);
 - file writes and hashing run on a background thread (both release the GIL), so the producer
   converts the next tensor meanwhile; the bytes waiting for that thread are bounded.
 The format follows the safetensors spec (https://github.com/huggingface/safetensors#format):
@@ -170,8 +171,10 @@ class StreamingShardWriter:
         *,
         background: bool = True,
         max_pending_bytes: int = WRITE_QUEUE_BYTES,
+        durable: bool = True,
     ):
         self.path = Path(path)
+        self._durable = durable
         self._specs = list(specs)
         if len({s.name for s in self._specs}) != len(self._specs):
             raise ValueError(f"duplicate tensor names in the plan of {self.path.name}")
@@ -313,7 +316,8 @@ class StreamingShardWriter:
         self._raise_if_failed()
         try:
             self._f.flush()
-            os.fsync(self._f.fileno())
+            if self._durable:
+                os.fsync(self._f.fileno())
             self._f.close()
             os.replace(self._tmp, self.path)
         except OSError as e:
@@ -340,30 +344,31 @@ class StreamingShardWriter:
             self.abort()
 
 
-def write_bytes_atomic(path: str | Path, data: bytes) -> None:
-    """Write a small file under a temporary name, fsync, rename."""
+def write_bytes_atomic(path: str | Path, data: bytes, *, durable: bool = True) -> None:
+    """Write a small file under a temporary name, fsync (unless not `durable`), rename."""
     path = Path(path)
     tmp = partial_path(path)
     try:
         with tmp.open("wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except OSError as e:
         tmp.unlink(missing_ok=True)
         raise _write_failure(e, path) from None
 
 
-def write_json_atomic(path: str | Path, obj: Any) -> None:
-    write_bytes_atomic(path, (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode())
+def write_json_atomic(path: str | Path, obj: Any, *, durable: bool = True) -> None:
+    write_bytes_atomic(path, (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode(), durable=durable)
 
 
-def write_index(root: str | Path, weight_map: dict[str, str], total_size: int) -> Path:
+def write_index(root: str | Path, weight_map: dict[str, str], total_size: int, *, durable: bool = True) -> Path:
     """Write `model.safetensors.index.json` (HF format: metadata.total_size = tensor bytes, no headers)."""
     path = Path(root) / INDEX_NAME
     index = {"metadata": {"total_size": int(total_size)}, "weight_map": dict(sorted(weight_map.items()))}
-    write_json_atomic(path, index)
+    write_json_atomic(path, index, durable=durable)
     return path
 
 

@@ -23,6 +23,7 @@ from ..checkpoint.manifest import (
     ConversionManifest,
     ConversionSettings,
     ShardRecord,
+    current_boot_id,
     save_manifest,
 )
 from ..checkpoint.modelopt_config import (
@@ -108,7 +109,9 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def _finish(plan: ConversionPlan, output: Path, manifest: ConversionManifest, kv_cache_quant_algo: str | None) -> None:
+def _finish(
+    plan: ConversionPlan, output: Path, manifest: ConversionManifest, kv_cache_quant_algo: str | None, durable: bool
+) -> None:
     """Everything but the shards: copied files, quant configs, index, then the manifest marked complete."""
     exclude = summarize_exclude_modules(plan.bf16_linears, plan.quantized_modules)
     hf_quant_config, quantization_config = build_modelopt_quant_config(plan.layout, exclude, kv_cache_quant_algo)
@@ -125,11 +128,11 @@ def _finish(plan: ConversionPlan, output: Path, manifest: ConversionManifest, kv
         except OSError as e:
             tmp.unlink(missing_ok=True)
             raise OutputError(f"file {dst}: cannot copy ({e.strerror or e})") from None
-    write_json_atomic(output / HF_QUANT_CONFIG_NAME, hf_quant_config)
-    write_json_atomic(output / CONFIG_NAME, rewrite_config_for_nvfp4(plan.config, quantization_config))
-    write_index(output, plan.weight_map, plan.total_size)
+    write_json_atomic(output / HF_QUANT_CONFIG_NAME, hf_quant_config, durable=durable)
+    write_json_atomic(output / CONFIG_NAME, rewrite_config_for_nvfp4(plan.config, quantization_config), durable=durable)
+    write_index(output, plan.weight_map, plan.total_size, durable=durable)
     manifest.complete = True
-    save_manifest(output, manifest)
+    save_manifest(output, manifest, durable=durable)
 
 
 def convert_checkpoint(
@@ -144,10 +147,12 @@ def convert_checkpoint(
     progress: bool = True,
     revision: str | None = None,
     record_stats: bool = True,
+    fsync: bool = True,
 ) -> ConversionSummary:
     """Convert `source` (folder or Hub repo id) into `output`. Re-running resumes; see docs/convert.md.
 
     `record_stats=False` skips the per-matrix error statistics in the manifest (same output bytes, faster on CPU).
+    `fsync=False` leaves write-back to the OS (same bytes; see convert/output.py for what a resume then checks).
     """
     method = ScaleMethod(method)
     if kv_cache_quant_algo == "none":
@@ -172,12 +177,13 @@ def convert_checkpoint(
     # A finished conversion is left untouched: calibrate may since have added input scales to its index.
     if todo or not state.was_complete:
         manifest.complete = False
-        save_manifest(output, manifest)
+        manifest.boot_id = current_boot_id()
+        save_manifest(output, manifest, durable=fsync)
         results = _run_jobs(
             todo, plan, output, manifest, method=method, device=dev, workers=workers, progress=progress,
-            record_stats=record_stats,
+            record_stats=record_stats, durable=fsync,
         )
-        _finish(plan, output, manifest, kv_cache_quant_algo)
+        _finish(plan, output, manifest, kv_cache_quant_algo, durable=fsync)
     seconds = time.perf_counter() - start
     return ConversionSummary(
         output=str(output),
@@ -211,6 +217,7 @@ def _run_jobs(
     workers: int,
     progress: bool,
     record_stats: bool,
+    durable: bool = True,
 ) -> list[ShardResult]:
     """Run shard jobs; record each finished shard in the manifest as soon as it is renamed into place."""
     lock = threading.Lock()
@@ -234,7 +241,8 @@ def _run_jobs(
 
         try:
             result = run_shard_job(
-                job, plan.root, output, method=method, device=device, record_stats=record_stats, on_progress=advance
+                job, plan.root, output, method=method, device=device, record_stats=record_stats, on_progress=advance,
+                durable=durable,
             )
         finally:
             bar.close()
@@ -242,9 +250,11 @@ def _run_jobs(
                 free_positions.append(position)
         with lock:
             w = result.written
-            manifest.shards[job.file] = ShardRecord(file=w.file, sha256=w.sha256, bytes=w.bytes, tensors=w.tensors)
+            manifest.shards[job.file] = ShardRecord(
+                file=w.file, sha256=w.sha256, bytes=w.bytes, tensors=w.tensors, durable=durable
+            )
             manifest.tensor_stats.update(result.tensor_stats)
-            save_manifest(output, manifest)
+            save_manifest(output, manifest, durable=durable)
             results[job.file] = result
         return result
 

@@ -25,10 +25,15 @@ from .api import DEVICES, KV_CACHE_CHOICES, convert_checkpoint
 @click.option("--revision", default=None, help="Hub revision when SOURCE is a repo id.")
 @click.option("--stats/--no-stats", "record_stats", default=True, show_default=True,
               help="Record each matrix's error against its INT4 values in the manifest (same bytes; slower on CPU).")
+@click.option("--fsync/--no-fsync", default=True, show_default=True,
+              help="Flush each finished shard to disk before recording it. --no-fsync leaves write-back to the OS "
+                   "(same bytes; faster where the disk is slower than the conversion): a killed run loses nothing, "
+                   "and after an OS crash or reboot a resume re-checks such shards' sha256.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--no-progress", is_flag=True, help="Hide progress bars.")
 def convert_command(
-    source, output, method, device, workers, kv_cache_quant_algo, overwrite, revision, record_stats, as_json, no_progress
+    source, output, method, device, workers, kv_cache_quant_algo, overwrite, revision, record_stats, fsync, as_json,
+    no_progress,
 ):
     """Convert the INT4 Kimi K2.x checkpoint SOURCE (folder or Hub repo id) to NVFP4 in OUTPUT.
 
@@ -37,6 +42,7 @@ def convert_command(
     summary = convert_checkpoint(
         source, output, method=method, device=device, workers=workers, kv_cache_quant_algo=kv_cache_quant_algo,
         overwrite=overwrite, progress=not no_progress, revision=revision, record_stats=record_stats,
+        fsync=fsync,
     )
     if as_json:
         click.echo(json.dumps(summary.to_dict(), indent=2))

@@ -131,8 +131,10 @@ def run_shard_job(
     device: torch.device,
     record_stats: bool = True,
     on_progress: Callable[[int], None] | None = None,
+    durable: bool = True,
 ) -> ShardResult:
-    """Write `output_dir/job.file` (atomically). `on_progress(bytes)` is called as input is consumed.
+    """Write `output_dir/job.file` (atomically; fsynced when `durable`). `on_progress(bytes)` is called as input
+    is consumed.
 
     `record_stats`: compare every converted matrix with its exact INT4 values (`error_stats`); it does
     not change the output bytes (it reads the outputs after they are final).
@@ -142,7 +144,8 @@ def run_shard_job(
     stream = torch.cuda.Stream(device) if device.type == "cuda" else None
     with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
         return _run(
-            job, source_root, output_dir, method=method, device=device, record_stats=record_stats, on_progress=on_progress
+            job, source_root, output_dir, method=method, device=device, record_stats=record_stats,
+            on_progress=on_progress, durable=durable,
         )
 
 
@@ -233,6 +236,7 @@ def _run(
     device: torch.device,
     record_stats: bool,
     on_progress: Callable[[int], None] | None,
+    durable: bool,
 ) -> ShardResult:
     start = time.perf_counter()
     peak = _PeakCounter()
@@ -243,7 +247,9 @@ def _run(
     queue_bytes = min(WRITE_QUEUE_BYTES, job.output_bytes // _QUEUE_SHARD_FRACTION)
     with (
         ShardFiles(source_root) as files,
-        StreamingShardWriter(output_dir / job.file, job.output_specs(), max_pending_bytes=queue_bytes) as writer,
+        StreamingShardWriter(
+            output_dir / job.file, job.output_specs(), max_pending_bytes=queue_bytes, durable=durable
+        ) as writer,
     ):
         for info in job.passthrough:
             # Copied file to file through the writer's reusable buffers: bytes only, never a whole tensor.

@@ -7,6 +7,11 @@
   empties the folder first (only a folder our manifest marks as ours is ever emptied);
 - holding anything else: always refused.
 Leftover `.NAME.partial` files from an interrupted run are removed before resuming.
+
+Shards written without fsync (`--no-fsync`) sit in the page cache until the OS writes them back: a killed
+process loses nothing, an OS crash or power loss can. So such a shard is trusted on its size only within the
+boot that wrote it (the manifest's `boot_id`); after a reboot its sha256 is recomputed first, and a shard that
+does not match is converted again.
 """
 
 from __future__ import annotations
@@ -15,8 +20,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..checkpoint.manifest import MANIFEST_NAME, ConversionManifest, load_manifest
-from ..checkpoint.writer import is_partial_name
+from ..checkpoint.manifest import MANIFEST_NAME, ConversionManifest, ShardRecord, current_boot_id, load_manifest
+from ..checkpoint.writer import is_partial_name, sha256_file
 from ..errors import CheckpointError, OutputError
 
 
@@ -65,9 +70,16 @@ def prepare_output(output: Path, fresh: ConversionManifest, *, overwrite: bool) 
     for name in entries:
         if is_partial_name(name):
             (output / name).unlink()
-    finished = {
-        f for f, rec in previous.shards.items() if (output / f).is_file() and (output / f).stat().st_size == rec.bytes
-    }
+    same_boot = previous.boot_id is not None and previous.boot_id == current_boot_id()
+    finished = {f for f, rec in previous.shards.items() if _still_finished(output / f, rec, same_boot)}
     was_complete = previous.complete and finished == set(previous.shards)
     previous.shards = {f: r for f, r in previous.shards.items() if f in finished}
     return OutputState(previous, finished, resumed=True, was_complete=was_complete)
+
+
+def _still_finished(path: Path, record: ShardRecord, same_boot: bool) -> bool:
+    """The shard `record` describes is on disk whole: its size, and for a shard written without fsync in an
+    earlier boot, its sha256."""
+    if not path.is_file() or path.stat().st_size != record.bytes:
+        return False
+    return record.durable or same_boot or sha256_file(path) == record.sha256

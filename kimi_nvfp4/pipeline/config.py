@@ -45,6 +45,7 @@ class ConvertSection(_Section):
     workers: int | None = None
     kv_cache_quant_algo: str | None = None  # "FP8" or "none"
     overwrite: bool = False
+    fsync: bool | None = None  # False: leave write-back to the OS (`convert --no-fsync`)
 
 
 class CalibrateSection(_Section):

@@ -191,7 +191,7 @@ class ConvertStage:
         result = call_with_options(
             self.fn, self.name, str(ctx.source), ctx.output, method=c.method,
             device=ctx.config.stage_device(c.device), workers=c.workers, kv_cache_quant_algo=c.kv_cache_quant_algo,
-            overwrite=c.overwrite or None, revision=c.revision, progress=ctx.progress)
+            overwrite=c.overwrite or None, revision=c.revision, fsync=c.fsync, progress=ctx.progress)
         return StageOutcome(summary=describe(result, ("method", "shards_converted", "shards_skipped",
                                                       "matrices_converted", "seconds")),
                             details=result_details(result))
