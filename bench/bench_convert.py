@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -100,7 +101,7 @@ def child_main(args: argparse.Namespace) -> None:
         start = time.perf_counter()
         summary = convert_checkpoint(
             args.source, args.output, method=args.method, device=args.device, workers=args.workers,
-            overwrite=True, progress=False, record_stats=not args.no_stats,
+            overwrite=True, progress=False, record_stats=not args.no_stats, fsync=not args.no_fsync,
         )
         result.update(seconds=time.perf_counter() - start, summary=summary.to_dict())
     elif args.child == "peer":
@@ -127,11 +128,14 @@ def child_main(args: argparse.Namespace) -> None:
 
 
 def run_child(
-    python: str, task: str, args: argparse.Namespace, source: Path, output: Path, method: str = "amax", stats: bool = True
+    python: str, task: str, args: argparse.Namespace, source: Path, output: Path, method: str = "amax",
+    stats: bool = True, fsync: bool = True,
 ) -> dict:
+    os.sync()  # no dirty pages of an earlier run are written back during this one
     cmd = [
         python, str(Path(__file__).resolve()), "--child", task, "--source", str(source), "--output", str(output),
         "--device", args.device, "--workers", str(args.workers), "--method", method, *([] if stats else ["--no-stats"]),
+        *([] if fsync else ["--no-fsync"]),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
@@ -229,7 +233,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--skip-peer", action="store_true")
     p.add_argument("--also-no-stats", action="store_true",
                    help="Also time each method with --no-stats (no per-matrix error statistics; same bytes).")
+    p.add_argument("--also-no-fsync", action="store_true",
+                   help="Also time each method with --no-fsync (write-back left to the OS, as the peer does; same bytes).")
     p.add_argument("--no-stats", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--no-fsync", action="store_true", help=argparse.SUPPRESS)
     # child mode (internal)
     p.add_argument("--child", choices=["baseline", "ours", "peer", "h2d"], help=argparse.SUPPRESS)
     p.add_argument("--source", help=argparse.SUPPRESS)
@@ -258,11 +265,13 @@ def main() -> None:
         "tensor_bytes": plan.input_bytes, "max_shard_bytes": max(j.input_bytes for j in plan.jobs), "ours": {},
     }
     report["baseline_rss_bytes"] = run_child(sys.executable, "baseline", args, source, work / "none")["peak_rss_bytes"]
-    variants = [(m, True) for m in args.methods] + ([(m, False) for m in args.methods] if args.also_no_stats else [])
-    for method, stats in variants:
-        name = method if stats else f"{method} --no-stats"
+    variants = [(m, True, True) for m in args.methods]
+    variants += [(m, True, False) for m in args.methods] if args.also_no_fsync else []
+    variants += [(m, False, True) for m in args.methods] if args.also_no_stats else []
+    for method, stats, fsync in variants:
+        name = method + ("" if stats else " --no-stats") + ("" if fsync else " --no-fsync")
         print(f"running kimi-nvfp4 convert --method {name} ...", flush=True)
-        ours = run_child(sys.executable, "ours", args, source, work / f"out_ours_{args.device}", method, stats)
+        ours = run_child(sys.executable, "ours", args, source, work / f"out_ours_{args.device}", method, stats, fsync)
         ours["int4_gb_per_s"] = plan.int4_input_bytes / GB / ours["seconds"]
         ours["peak_tensor_bytes"] = ours["summary"]["peak_tensor_bytes"]
         ours["total_gb_per_s"] = plan.input_bytes / GB / ours["seconds"]

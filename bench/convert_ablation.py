@@ -60,6 +60,8 @@ def main() -> None:
     ap.add_argument("--tmpfs", default="/dev/shm")
     ap.add_argument("--synth-device", default="cpu", help="Where the synthetic source is generated.")
     ap.add_argument("--rows", default="all", help="Comma-separated row numbers (1-based) to run, or 'all'.")
+    ap.add_argument("--input-ring", choices=["on", "off", "both"], default="on",
+                    help="CUDA inputs through the job's reused page-locked buffers (on, as shipped) or pageable copies.")
     args = ap.parse_args()
     methods = args.methods or ["int4-aware"]
     from kimi_nvfp4.convert import convert_checkpoint
@@ -89,9 +91,14 @@ def main() -> None:
         ("no stats/sha256/fsync; tmpfs", {"stats": False, "no_hash": True, "fsync": False, "tmpfs": True}),
     ]
     chosen = range(1, len(rows) + 1) if args.rows == "all" else [int(r) for r in args.rows.split(",")]
-    for method in methods:
-        for number in chosen:
+    from kimi_nvfp4.convert import job
+
+    rings = {"on": [True], "off": [False], "both": [True, False]}[args.input_ring]
+    for method, ring, number in [(m, r, n) for m in methods for r in rings for n in chosen]:
+        if True:
+            job._PINNED_INPUT_RING["cuda"] = ring
             name, opt = rows[number - 1]
+            name = name if ring else f"{name}, pageable inputs"
             root = Path(args.tmpfs) if opt.get("tmpfs") else work
             output = root / "ablation_out"
             shutil.rmtree(output, ignore_errors=True)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the GPU tests and GPU benchmarks on one H200 (the device tool's machine), part by part,
 # each bounded by its own timeout so one slow step cannot eat the whole call.
-# Usage (from the repo root): bash bench/gpu_suite.sh PART OUTDIR   (PART: tests | kernels | e2e | convert | final | calibrate | stages)
+# Usage (from the repo root): bash bench/gpu_suite.sh PART OUTDIR   (PART: tests | kernels | e2e | final3 | calibrate384 | convert | final | calibrate | stages)
 set -u
 part=$1; out=${2:-/tmp/gpu_suite}; mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -50,6 +50,20 @@ case $part in
     python3 -c 'import hashlib, os, time; b = os.urandom(1 << 28); t = time.perf_counter(); hashlib.sha256(b).digest(); print(f"sha256 one thread: {0.268 / (time.perf_counter() - t):.2f} GB/s")'
     step ablation 480 python3 bench/convert_ablation.py --work /tmp/abl --device cuda --layers 2 --experts ${E2E_EXPERTS:-384} \
       --shards 8 --workers 8 --synth-device cuda --method int4-aware --method amax --rows ${E2E_ROWS:-1,2,3,6}
+    ;;
+  final3)
+    # Session 3: every GPU test, the kernels' rates, then end to end on K2.6's 384 experts (input ring A/B).
+    python3 -c 'import triton; print("triton", triton.__version__)' | tee -a "$out/gpu.txt"
+    step gpu_tests 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/numerics tests/convert tests/synth \
+      tests/model tests/calibrate tests/validate
+    step tune 120 python3 bench/tune_triton_search.py --experts 8 --no-sweep
+    step ablation 420 python3 bench/convert_ablation.py --work /tmp/abl --device cuda --layers 2 --experts 384 \
+      --shards 8 --workers 8 --synth-device cuda --method int4-aware --method amax --rows 1,2,3 --input-ring both
+    ;;
+  calibrate384)
+    # One dense + one MoE layer with K2.6's real 384 experts, 64 x 2048 tokens.
+    step calibrate384 420 python3 bench/bench_calibrate.py --device cuda --work-dir /tmp/kimi_bench --json "$out/calibrate384.json" \
+      --layers 2 --experts 384 --vocab-size 16384 --samples 64 --seq-len 2048 --synth-device cuda
     ;;
   calibrate)
     step calibrate 200 python3 bench/bench_calibrate.py --device cuda --work-dir /tmp/kimi_bench --json "$out/calibrate.json" \

@@ -33,12 +33,13 @@ def _rate(fn, int4_bytes: int, repeats: int = 3) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--experts", type=int, default=8)
+    ap.add_argument("--no-sweep", action="store_true", help="Skip the launch-shape sweep (only the rates as shipped).")
     args = ap.parse_args()
     gen = torch.Generator().manual_seed(0)
     groups = [g for _ in range(args.experts) for g in expert(gen, "cuda")]
     int4_bytes = sum(m.codes.numel() // 2 + m.group_scale.numel() * 2 for g in groups for m in g)
     original = (triton_search.BLOCKS_PER_PROGRAM, dict(triton_search._COMPILE))
-    for blocks in (128, 256, 512):
+    for blocks in () if args.no_sweep else (128, 256, 512):
         for warps in (4, 8):
             triton_search.BLOCKS_PER_PROGRAM = blocks
             triton_search._COMPILE["num_warps"] = warps

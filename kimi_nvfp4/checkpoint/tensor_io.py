@@ -73,10 +73,18 @@ class ShardFile:
         if got != len(view):
             raise CheckpointError(f"read {got} of {expected} bytes (truncated shard)", file=self.path, tensor=name)
 
-    def read(self, name: str, *, pin_memory: bool = False) -> torch.Tensor:
+    def read(self, name: str, *, pin_memory: bool = False, into: torch.Tensor | None = None) -> torch.Tensor:
         """The tensor, read straight into a new CPU tensor (page-locked with `pin_memory`, for
-        asynchronous host-to-device copies; torch's caching host allocator reuses those buffers)."""
+        asynchronous host-to-device copies; torch's caching host allocator reuses those buffers), or into
+        the front of `into` (a flat uint8 buffer the caller reuses; the result is a view of it)."""
         dtype, shape, position, nbytes = self._entry(name)
+        if into is not None:
+            if into.dtype != torch.uint8 or into.ndim != 1 or into.numel() < nbytes:
+                raise ValueError(f"tensor {name}: {nbytes} bytes do not fit the {into.numel()}-byte buffer")
+            out = into[:nbytes]
+            if nbytes:
+                self._read_exact(position, memoryview(out.numpy()), name, nbytes)
+            return out.view(dtype).view(shape)
         out = torch.empty(shape, dtype=dtype, pin_memory=pin_memory)
         if nbytes == 0:
             return out
@@ -113,8 +121,8 @@ class ShardFiles:
             shard = self._open[file] = ShardFile(self.root / file)
         return shard
 
-    def read(self, file: str, name: str, *, pin_memory: bool = False) -> torch.Tensor:
-        return self.shard(file).read(name, pin_memory=pin_memory)
+    def read(self, file: str, name: str, *, pin_memory: bool = False, into: torch.Tensor | None = None) -> torch.Tensor:
+        return self.shard(file).read(name, pin_memory=pin_memory, into=into)
 
     def close(self) -> None:
         for shard in self._open.values():

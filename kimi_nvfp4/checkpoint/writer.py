@@ -7,8 +7,10 @@ A shard is serialised by hand (8-byte header length, JSON header, raw tensor byt
 - the file is written as `.NAME.partial`, fsynced, then renamed: a crash or a full disk never
   leaves a file that looks finished (`durable=False` skips the fsync: the bytes reach the disk when the
   OS writes them back; only an OS crash or power loss before that can lose them, see convert/output.py);
-- file writes and hashing run on a background thread (both release the GIL), so the producer
-  converts the next tensor meanwhile; the bytes waiting for that thread are bounded.
+- file writes and hashing run on background threads (both release the GIL), so the producer
+  converts the next tensor meanwhile; the bytes waiting for them are bounded. Each chunk is hashed on a
+  second thread while the first writes it: sha256 (~1.4 GB/s per stream on the H200 host) would otherwise
+  add its time to every write instead of overlapping it.
 The format follows the safetensors spec (https://github.com/huggingface/safetensors#format):
 little-endian u64 header size, JSON header padded with spaces to a multiple of 8, data offsets
 relative to the end of the header and contiguous.
@@ -23,6 +25,7 @@ import os
 import struct
 import threading
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -191,6 +194,7 @@ class StreamingShardWriter:
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._pool: list[bytearray] = []  # reusable copy buffers for write_from
+        self._hasher: ThreadPoolExecutor | None = None
         head = _encode_header(self._specs, {"format": "pt", **(metadata or {})})
         try:
             self._f = self._tmp.open("wb")
@@ -199,6 +203,7 @@ class StreamingShardWriter:
             self.abort()
             raise _write_failure(e, self.path) from None
         if background:
+            self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"sha256-{self.path.name}")
             self._thread = threading.Thread(target=self._drain, name=f"write-{self.path.name}", daemon=True)
             self._thread.start()
 
@@ -207,8 +212,15 @@ class StreamingShardWriter:
         return self._pending
 
     def _sink(self, chunk: memoryview) -> None:
-        self._f.write(chunk)
-        self._digest.update(chunk)
+        if self._hasher is not None:
+            hashed = self._hasher.submit(self._digest.update, chunk)  # one thread: chunks hashed in order
+            try:
+                self._f.write(chunk)
+            finally:
+                hashed.result()
+        else:
+            self._f.write(chunk)
+            self._digest.update(chunk)
         self._bytes += len(chunk)
 
     def _drain(self) -> None:
@@ -306,6 +318,9 @@ class StreamingShardWriter:
         if self._thread is not threading.current_thread():
             self._thread.join()
         self._thread = None
+        if self._hasher is not None:
+            self._hasher.shutdown(wait=True)
+            self._hasher = None
 
     def commit(self) -> WrittenShard:
         if self._next != len(self._specs):

@@ -155,6 +155,34 @@ def run_shard_job(
 # end to end on the H200 with 8 workers (page-locking fresh buffers costs more than the blocking copies at
 # 17 GB/s; docs/benchmarks.md), and it leaves no locked memory behind.
 _PINNED_STAGING = {"cuda": False}
+# Whether a CUDA job reads its INT4 inputs straight into a few page-locked buffers of its own, reused batch after
+# batch (one per batch in flight), so each upload is an asynchronous DMA with no staging copy by the driver and
+# no page-locking per batch (docs/benchmarks.md). Batch k reuses the buffer of batch k - depth, which has landed:
+# its event, recorded after its uploads, was waited on.
+_PINNED_INPUT_RING = {"cuda": True}
+# Inputs start on this alignment inside a ring buffer (int32 and bf16 views need 4 and 2).
+_RING_ALIGNMENT = 64
+
+
+class _InputRing:
+    """Page-locked input buffers of one job, one per batch in flight, grown to the largest batch."""
+
+    def __init__(self, depth: int):
+        self._buffers: list[torch.Tensor | None] = [None] * depth
+        self._next = 0
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        slot = self._next
+        self._next = (self._next + 1) % len(self._buffers)
+        buffer = self._buffers[slot]
+        if buffer is None or buffer.numel() < nbytes:
+            # Page-locked where CUDA exists (tests run this flow on CPU-only machines with plain memory).
+            buffer = self._buffers[slot] = torch.empty(nbytes, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+        return buffer
+
+
+def _aligned(n: int) -> int:
+    return -(-n // _RING_ALIGNMENT) * _RING_ALIGNMENT
 
 
 @dataclass
@@ -195,21 +223,35 @@ def _launch(
     method: ScaleMethod,
     record_stats: bool,
     phases: _Phases,
+    ring: _InputRing | None = None,
 ) -> _Flight:
     """Read a batch's INT4 tensors, queue its conversion and the copies of its results to the host."""
     pinned = _PINNED_STAGING.get(device.type, False)
     matrices = [m for g in batch for m in g.matrices]
     host_inputs, held = [], 0
     with phases("read"):
-        for m in matrices:
-            packed = files.read(m.packed.file, m.packed.name, pin_memory=pinned)
-            scale = files.read(m.scale.file, m.scale.name, pin_memory=pinned)
-            held += _nbytes(packed) + _nbytes(scale)
-            host_inputs.append((packed, scale))
+        if ring is not None:
+            sizes = [(t.nbytes, t) for m in matrices for t in (m.packed, m.scale)]
+            buffer, offset = ring.take(sum(_aligned(n) for n, _ in sizes)), 0
+            tensors = []
+            for n, t in sizes:
+                tensors.append(files.read(t.file, t.name, into=buffer[offset:]))
+                offset += _aligned(n)
+            host_inputs = list(zip(tensors[0::2], tensors[1::2]))
+            held = offset
+        else:
+            for m in matrices:
+                packed = files.read(m.packed.file, m.packed.name, pin_memory=pinned)
+                scale = files.read(m.scale.file, m.scale.name, pin_memory=pinned)
+                held += _nbytes(packed) + _nbytes(scale)
+                host_inputs.append((packed, scale))
+    asynchronous = pinned or ring is not None
     with phases("launch"):
         # The packed int32 words travel, not unpacked codes; unpacking runs on the device.
         inputs = [
-            Int4Matrix.from_packed(packed.to(device, non_blocking=pinned), scale.to(device, non_blocking=pinned), m.in_features)
+            Int4Matrix.from_packed(
+                packed.to(device, non_blocking=asynchronous), scale.to(device, non_blocking=asynchronous), m.in_features
+            )
             for m, (packed, scale) in zip(matrices, host_inputs)
         ]
         grouped, start = [], 0
@@ -285,10 +327,11 @@ def _run(
         # The batches in flight never hold more INT4 input than the shard has (and as much output), so small
         # shards keep the "about two shards" bound too; K2.6's shards are far larger than the batches.
         cap = max(1, job.int4_input_bytes // depth)
+        ring = _InputRing(depth) if _PINNED_INPUT_RING.get(device.type, False) else None
         for batch in batches(job.groups, device, cap):
             if len(in_flight) >= depth:
-                land(in_flight.popleft())
-            in_flight.append(_launch(batch, files, device, method, record_stats, phases))
+                land(in_flight.popleft())  # also frees the ring buffer the next batch reuses
+            in_flight.append(_launch(batch, files, device, method, record_stats, phases, ring))
             peak.observe(writer.pending_bytes + sum(f.held for f in in_flight))
         while in_flight:
             land(in_flight.popleft())
