@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the GPU tests and GPU benchmarks on one H200 (the device tool's machine), part by part,
 # each bounded by its own timeout so one slow step cannot eat the whole call.
-# Usage (from the repo root): bash bench/gpu_suite.sh PART OUTDIR   (PART: tests | kernels | e2e | final3 | calibrate384 | convert | final | calibrate | stages)
+# Usage (from the repo root): bash bench/gpu_suite.sh PART OUTDIR   (PART: tests | kernels | e2e | final3 | calibrate384 | spy | knobs | convert | final | calibrate | stages)
 set -u
 part=$1; out=${2:-/tmp/gpu_suite}; mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -64,6 +64,26 @@ case $part in
     # One dense + one MoE layer with K2.6's real 384 experts, 64 x 2048 tokens.
     step calibrate384 420 python3 bench/bench_calibrate.py --device cuda --work-dir /tmp/kimi_bench --json "$out/calibrate384.json" \
       --layers 2 --experts 384 --vocab-size 16384 --samples 64 --seq-len 2048 --synth-device cuda
+    ;;
+  knobs)
+    # Workers and the GIL switch interval, --no-fsync (the host-bound case), K2.6's 384 experts.
+    step knobs 420 python3 bench/convert_ablation.py --work /tmp/abl --device cuda --layers 2 --experts 384 \
+      --shards 8 --workers 8 --synth-device cuda --method int4-aware --rows 2 --workers-list 8,4,16,8 \
+      --switch-interval 0.005 0.0005
+    ;;
+  spy)
+    # Where a 384-expert GPU conversion's threads spend their time: py-spy samples (raw collapsed stacks), all
+    # threads with --idle, and only the GIL holder with --gil. Needs py-spy in .whl.
+    python3 -m pip install -q --no-index --find-links .whl py-spy >>"$out/pip.log" 2>&1
+    src=/tmp/spy_src
+    [ -f $src/config.json ] || python3 -m kimi_nvfp4 synth $src --preset k2.6 --layers 2 --experts 384 --shards 8 \
+      --vocab-size 16384 --device cuda >"$out/synth.log" 2>&1
+    conv="python3 -m kimi_nvfp4 convert $src /tmp/spy_out --device cuda --workers 8 --no-fsync --no-progress --json"
+    step warm 120 bash -c "rm -rf /tmp/spy_out; $conv"
+    rm -rf /tmp/spy_out
+    step spy_idle 120 py-spy record --idle --format raw --rate 250 -o "$out/spy_idle.txt" -- $conv
+    rm -rf /tmp/spy_out
+    step spy_gil 120 py-spy record --gil --format raw --rate 250 -o "$out/spy_gil.txt" -- $conv
     ;;
   calibrate)
     step calibrate 200 python3 bench/bench_calibrate.py --device cuda --work-dir /tmp/kimi_bench --json "$out/calibrate.json" \
