@@ -58,7 +58,7 @@ case $part in
       tests/model tests/calibrate tests/validate
     step tune 120 python3 bench/tune_triton_search.py --experts 8 --no-sweep
     step ablation 420 python3 bench/convert_ablation.py --work /tmp/abl --device cuda --layers 2 --experts 384 \
-      --shards 8 --workers 8 --synth-device cuda --method int4-aware --method amax --rows 1,2,3 --input-ring both
+      --shards 8 --workers 8 --synth-device cuda --method int4-aware --method amax --rows 1,2,3 --input-ring both --warmup-full
     ;;
   calibrate384)
     # One dense + one MoE layer with K2.6's real 384 experts, 64 x 2048 tokens.
