@@ -106,7 +106,11 @@ def _clamp_bits(b):
 
 
 @triton.jit
-def _better(error, bits, best_error, best_bits):
+def _consider(candidate, best_error, best_bits, s, scale_2, n1, n2, n3, n4, n5, n6, n7, n8):
+    """The scan step of `block_search.select_best`: the clamped candidate replaces the best so far if its error is
+    smaller, or equal with a smaller scale."""
+    bits = _clamp_bits(candidate)
+    error = _block_error(bits, s, scale_2, n1, n2, n3, n4, n5, n6, n7, n8)
     take = (error < best_error) | ((error == best_error) & (bits < best_bits))
     return tl.where(take, error, best_error), tl.where(take, bits, best_bits)
 
@@ -155,24 +159,13 @@ def _search_kernel(
 
         best_bits = _clamp_bits(amax_centre)
         best_error = _block_error(best_bits, s, ws2, n1, n2, n3, n4, n5, n6, n7, n8)
-        bits = _clamp_bits(amax_centre + 1)
-        best_error, best_bits = _better(
-            _block_error(bits, s, ws2, n1, n2, n3, n4, n5, n6, n7, n8), bits, best_error, best_bits)
-        bits = _clamp_bits(fos_centre - 1)
-        best_error, best_bits = _better(
-            _block_error(bits, s, ws2, n1, n2, n3, n4, n5, n6, n7, n8), bits, best_error, best_bits)
-        bits = _clamp_bits(fos_centre)
-        best_error, best_bits = _better(
-            _block_error(bits, s, ws2, n1, n2, n3, n4, n5, n6, n7, n8), bits, best_error, best_bits)
-        bits = _clamp_bits(fos_centre + 1)
-        best_error, best_bits = _better(
-            _block_error(bits, s, ws2, n1, n2, n3, n4, n5, n6, n7, n8), bits, best_error, best_bits)
-        bits = _clamp_bits(aligned_centre - 1)
-        best_error, best_bits = _better(
-            _block_error(bits, s, ws2, n1, n2, n3, n4, n5, n6, n7, n8), bits, best_error, best_bits)
-        bits = _clamp_bits(aligned_centre)
-        best_error, best_bits = _better(
-            _block_error(bits, s, ws2, n1, n2, n3, n4, n5, n6, n7, n8), bits, best_error, best_bits)
+        best_error, best_bits = _consider(amax_centre + 1, best_error, best_bits, s, ws2, n1, n2, n3, n4, n5, n6, n7, n8)
+        best_error, best_bits = _consider(fos_centre - 1, best_error, best_bits, s, ws2, n1, n2, n3, n4, n5, n6, n7, n8)
+        best_error, best_bits = _consider(fos_centre, best_error, best_bits, s, ws2, n1, n2, n3, n4, n5, n6, n7, n8)
+        best_error, best_bits = _consider(fos_centre + 1, best_error, best_bits, s, ws2, n1, n2, n3, n4, n5, n6, n7, n8)
+        best_error, best_bits = _consider(
+            aligned_centre - 1, best_error, best_bits, s, ws2, n1, n2, n3, n4, n5, n6, n7, n8)
+        best_error, best_bits = _consider(aligned_centre, best_error, best_bits, s, ws2, n1, n2, n3, n4, n5, n6, n7, n8)
 
         zero = (max_code == 0) | (s == 0.0)  # all-zero block: exact under any scale; keep 1.0
         chosen = tl.where(zero, _E4M3_ZERO_BLOCK_BITS, best_bits)
