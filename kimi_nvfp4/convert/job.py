@@ -5,8 +5,9 @@ disk as soon as it exists: pass-through tensors are copied file to file in chunk
 buffers. Expert matrices are converted in batches of scale groups (`batches`): one group at a time on
 CPU; on CUDA ~256 MB of INT4 input per batch with two batches in flight, so reading the next batch from
 disk overlaps the device's work on the current one and the host reads results back once per batch.
-Writing and hashing run on the writer's background thread (bounded queue). Source tensors are read
-with plain `readinto` (no mmap) and files close when the job ends. `peak_tensor_bytes` reports the most
+Writing and hashing run on the writer's background threads (bounded queue). Source tensors are read
+with plain `readinto` (no mmap) and files close when the job ends; on CUDA straight into the job's reused
+page-locked buffers (`_InputRing`), so uploads are asynchronous. `peak_tensor_bytes` reports the most
 tensor bytes the job held at once (numerics temporaries aside), so tests and benchmarks can check the bound.
 """
 
