@@ -113,28 +113,27 @@ def main() -> None:
     default_interval = sys.getswitchinterval()
     grid = [(m, r, n, w, i) for m in methods for r in rings for n in chosen for w in workers_list for i in intervals]
     for method, ring, number, workers, interval in grid:
-        if True:
-            job._PINNED_INPUT_RING["cuda"] = ring
-            sys.setswitchinterval(interval)
-            name, opt = rows[number - 1]
-            name = name if ring else f"{name}, pageable inputs"
-            if len(workers_list) > 1 or len(intervals) > 1:
-                name = f"{name}, {workers} workers" + ("" if interval == default_interval else f", switch {interval * 1e3:g} ms")
-            root = Path(args.tmpfs) if opt.get("tmpfs") else work
-            output = root / "ablation_out"
-            shutil.rmtree(output, ignore_errors=True)
-            os.sync()  # each row starts with no dirty pages left over from the previous one
-            with _patched(opt.get("no_hash", False)):
-                start = time.perf_counter()
-                summary = convert_checkpoint(
-                    source, output, method=method, device=args.device, workers=workers, overwrite=True,
-                    progress=False, record_stats=opt.get("stats", True), fsync=opt.get("fsync", True),
-                )
-                seconds = time.perf_counter() - start
-            shutil.rmtree(output, ignore_errors=True)
-            phases = {k: round(v, 2) for k, v in summary.phase_seconds.items()}
-            print(f"{method:10s} {name:30s} {seconds:6.2f} s  {int4 / GB / seconds:6.3f} GB/s INT4  "
-                  f"{total / GB / seconds:6.3f} GB/s all  phases {json.dumps(phases)}", flush=True)
+        job._PINNED_INPUT_RING["cuda"] = ring
+        sys.setswitchinterval(interval)
+        name, opt = rows[number - 1]
+        name = name if ring else f"{name}, pageable inputs"
+        if len(workers_list) > 1 or len(intervals) > 1:
+            name = f"{name}, {workers} workers" + ("" if interval == default_interval else f", switch {interval * 1e3:g} ms")
+        root = Path(args.tmpfs) if opt.get("tmpfs") else work
+        output = root / "ablation_out"
+        shutil.rmtree(output, ignore_errors=True)
+        os.sync()  # each row starts with no dirty pages left over from the previous one
+        with _patched(opt.get("no_hash", False)):
+            start = time.perf_counter()
+            summary = convert_checkpoint(
+                source, output, method=method, device=args.device, workers=workers, overwrite=True,
+                progress=False, record_stats=opt.get("stats", True), fsync=opt.get("fsync", True),
+            )
+            seconds = time.perf_counter() - start
+        shutil.rmtree(output, ignore_errors=True)
+        phases = {k: round(v, 2) for k, v in summary.phase_seconds.items()}
+        print(f"{method:10s} {name:30s} {seconds:6.2f} s  {int4 / GB / seconds:6.3f} GB/s INT4  "
+              f"{total / GB / seconds:6.3f} GB/s all  phases {json.dumps(phases)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -108,7 +108,7 @@ def main() -> None:
     ap.add_argument("--out-root", default=None, help="where outputs go (default: --work); e.g. /dev/shm")
     ap.add_argument("--runs", default="1,N", help="worker counts to run, N = --workers (1 is profiled)")
     ap.add_argument("--no-components", action="store_true")
-    ap.add_argument("--pinned", action="store_true", help="stage through page-locked host memory (default: pageable)")
+    ap.add_argument("--pinned", action="store_true", help="copy results back through fresh page-locked host memory (default: pageable)")
     args = ap.parse_args()
     from kimi_nvfp4.convert.plan import plan_conversion
     from kimi_nvfp4.synth import create_synthetic_checkpoint

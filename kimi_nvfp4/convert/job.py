@@ -150,11 +150,10 @@ def run_shard_job(
         )
 
 
-# Whether INT4 inputs and NVFP4 results travel through page-locked host buffers (asynchronous copies,
-# allocated through torch's caching host allocator) or through pageable memory (the copy itself blocks the
-# job's thread; results are copied after the device finished the batch). Pageable measured 8-12 % faster
-# end to end on the H200 with 8 workers (page-locking fresh buffers costs more than the blocking copies at
-# 17 GB/s; docs/benchmarks.md), and it leaves no locked memory behind.
+# Whether NVFP4 results travel to the host through fresh page-locked buffers (asynchronous copies, allocated
+# through torch's caching host allocator) or through pageable memory (copied after the device finished the
+# batch). Pageable measured 8-12 % faster end to end on the H200 with 8 workers (page-locking fresh buffers costs
+# more than the blocking copies at 17 GB/s; docs/benchmarks.md). Inputs use `_PINNED_INPUT_RING` instead.
 _PINNED_STAGING = {"cuda": False}
 # Whether a CUDA job reads its INT4 inputs straight into a few page-locked buffers of its own, reused batch after
 # batch (one per batch in flight), so each upload is an asynchronous DMA with no staging copy by the driver and
@@ -240,13 +239,13 @@ def _launch(
                 offset += _aligned(n)
             host_inputs = list(zip(tensors[0::2], tensors[1::2]))
             held = offset
-        else:
+        else:  # pageable tensors of their own: each upload blocks until copied
             for m in matrices:
-                packed = files.read(m.packed.file, m.packed.name, pin_memory=pinned)
-                scale = files.read(m.scale.file, m.scale.name, pin_memory=pinned)
+                packed = files.read(m.packed.file, m.packed.name)
+                scale = files.read(m.scale.file, m.scale.name)
                 held += _nbytes(packed) + _nbytes(scale)
                 host_inputs.append((packed, scale))
-    asynchronous = pinned or ring is not None
+    asynchronous = ring is not None
     with phases("launch"):
         # The packed int32 words travel, not unpacked codes; unpacking runs on the device.
         inputs = [
