@@ -6,9 +6,9 @@ scores = sigmoid(x @ gate.T) in fp32; `e_score_correction_bias` is added for SEL
 experts); the combine weights are the unbiased scores of the chosen experts, normalised to sum 1
 (`norm_topk_prob`) and multiplied by `routed_scaling_factor`.
 
-Experts run per expert on a gather of their routed tokens (no dense [T, E, ...] tensors); each
-token's routed outputs are summed in ascending expert order (as transformers' loop does) by a
-gather-add-scatter over unique token indices: no atomics, same bytes run to run. The routed sum is
+Experts run on an expert-sorted gather of their routed tokens (no dense [T, E, ...] tensors; see
+EXPERT_PATHS); each token's routed outputs are summed in ascending expert order (as transformers'
+loop does), without atomics: same bytes run to run. The routed sum is
 kept in fp32 whatever the compute dtype (the fused MoE kernels' finalize step accumulates in fp32 and
 writes bf16 once); in fp32 that is the same arithmetic as before.
 
@@ -111,23 +111,57 @@ def route(cfg: K2Config, w: MoEWeights, x: torch.Tensor) -> tuple[torch.Tensor, 
     return topk_ids, weights * cfg.routed_scaling_factor
 
 
+# How routed experts run. "sorted" (the default): every (token, expert) pair is gathered ONCE into an
+# expert-sorted buffer and each expert's GEMMs read and write contiguous slices of it; the SwiGLU, the
+# W4A4 quantization of down_proj's input (when the experts share its scale) and the combine run once over
+# the whole buffer. "loop": the reference, one gather-matmul-scatter per expert. Both do the same
+# arithmetic per expert on the same rows (same GEMM shapes, same fp32 combine order), so they give the
+# same bytes; tests/model/test_moe_paths.py holds them to that.
+EXPERT_PATHS = ("sorted", "loop")
+DEFAULT_EXPERT_PATH = "sorted"
+
+
 def moe(
     cfg: K2Config, w: MoEWeights, x: torch.Tensor, *, layer: int, observer: Observer | None = None,
-    need_output: bool = True,
+    need_output: bool = True, expert_path: str = DEFAULT_EXPERT_PATH,
 ) -> torch.Tensor | None:
     """Routed experts + shared expert for `x [T, hidden]` (already post_attention_layernorm'ed)."""
-    T, hidden = x.shape
+    if expert_path not in EXPERT_PATHS:
+        raise ValueError(f"expert_path must be one of {EXPERT_PATHS}, got {expert_path!r}")
     topk_ids, topk_weights = route(cfg, w, x)
     if observer is not None:
         observer.on_router(layer, topk_ids, topk_weights)
-    k = topk_ids.shape[1]
-    n_experts = len(w.experts)
     quantizer = shared_input_quantizer([lin for e in w.experts for lin in (e.gate_proj, e.up_proj)])
     xq = quantizer.quantize_input(x) if quantizer is not None else None
+    routed = _routed_sorted if expert_path == "sorted" else _routed_loop
+    out = routed(w, x, xq, topk_ids, topk_weights, layer=layer, observer=observer, need_output=need_output)
 
+    if observer is not None and getattr(observer, "route_all", False):
+        # statistics only: every token through every expert; the result is discarded
+        for e in range(len(w.experts)):
+            swiglu_mlp(w.experts[e], x, layer=layer, observer=observer, expert=e, routed=False, xq=xq,
+                       need_output=False)
+
+    shared = None
+    if w.shared_experts is not None:
+        shared = swiglu_mlp(w.shared_experts, x, layer=layer, observer=observer, need_output=need_output)
+    if out is None:
+        return None
+    out = out.to(x.dtype)
+    return out + shared if shared is not None else out
+
+
+def _routed_loop(
+    w: MoEWeights, x: torch.Tensor, xq: torch.Tensor | None, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+    *, layer: int, observer: Observer | None, need_output: bool,
+) -> torch.Tensor | None:
+    """The reference: per expert, gather its tokens, run its SwiGLU, scatter-add the weighted result
+    (each token's routed outputs summed in ascending expert order, in fp32)."""
+    T, hidden = x.shape
+    k = topk_ids.shape[1]
     flat = topk_ids.reshape(-1)
     order = torch.argsort(flat, stable=True)  # (token, slot) pairs grouped by expert
-    counts = torch.bincount(flat, minlength=n_experts).tolist()  # one host sync per chunk
+    counts = torch.bincount(flat, minlength=len(w.experts)).tolist()  # one host sync per chunk
     out = torch.zeros(T, hidden, dtype=torch.float32, device=x.device) if need_output else None
     start = 0
     for e, count in enumerate(counts):
@@ -143,17 +177,77 @@ def moe(
         )
         if out is not None:
             out[tokens] = out[tokens] + y.to(torch.float32) * topk_weights[tokens, slots, None].to(torch.float32)
+    return out
 
-    if observer is not None and getattr(observer, "route_all", False):
-        # statistics only: every token through every expert; the result is discarded
-        for e in range(n_experts):
-            swiglu_mlp(w.experts[e], x, layer=layer, observer=observer, expert=e, routed=False, xq=xq,
-                       need_output=False)
 
-    shared = None
-    if w.shared_experts is not None:
-        shared = swiglu_mlp(w.shared_experts, x, layer=layer, observer=observer, need_output=need_output)
-    if out is None:
+def _routed_sorted(
+    w: MoEWeights, x: torch.Tensor, xq: torch.Tensor | None, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+    *, layer: int, observer: Observer | None, need_output: bool,
+) -> torch.Tensor | None:
+    """The same experts over one expert-sorted buffer (see EXPERT_PATHS)."""
+    T, hidden = x.shape
+    k = topk_ids.shape[1]
+    # Each token's slots in ascending expert order: the combine below then adds a token's routed
+    # outputs in the order the reference loop does.
+    ids, slot_order = topk_ids.sort(dim=1, stable=True)
+    weights = topk_weights.gather(1, slot_order).to(torch.float32)
+    flat = ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=len(w.experts)).tolist()  # one host sync per chunk
+    tokens = order // k
+    rows = x[tokens] if xq is None or observer is not None else None
+    rows_q = xq[tokens] if xq is not None else rows
+    spans = []
+    start = 0
+    for e, count in enumerate(counts):
+        if count:
+            spans.append((e, start, start + count))
+        start += count
+
+    n_rows = rows_q.shape[0]
+    inter = w.experts[spans[0][0]].gate_proj.out_features if spans else 0
+    gate = rows_q.new_empty(n_rows, inter)
+    up = rows_q.new_empty(n_rows, inter)
+    for e, a, b in spans:
+        ex = w.experts[e]
+        gq = uq = rows_q[a:b]
+        if xq is None and ex.gate_proj.input_quantizer() is not None:
+            # gate and up not sharing one scale across the layer (not so under SGLang's loaders)
+            gq = ex.gate_proj.quantize_input(rows[a:b])
+            same = ex.up_proj.input_quantizer() is ex.gate_proj.input_quantizer()
+            uq = gq if same else ex.up_proj.quantize_input(rows[a:b])
+        x_seen = rows[a:b] if rows is not None else None
+        torch.mm(gq, ex.gate_proj.weight().t(), out=gate[a:b])
+        notify_linear(observer, layer, ex.gate_proj.module, x_seen, gate[a:b], e)
+        torch.mm(uq, ex.up_proj.weight().t(), out=up[a:b])
+        notify_linear(observer, layer, ex.up_proj.module, x_seen, up[a:b], e)
+    del rows, rows_q
+    h = F.silu(gate) * up
+    del gate, up
+    downs = [w.experts[e].down_proj for e, _, _ in spans]
+    if not need_output and not observer_needs_outputs(observer):
+        for (e, a, b), down in zip(spans, downs):
+            notify_linear(observer, layer, down.module, h[a:b], None, e)
         return None
-    out = out.to(x.dtype)
-    return out + shared if shared is not None else out
+
+    if all(d.input_quantizer() is None for d in downs):
+        hq = h
+    elif shared_input_quantizer(downs) is not None:
+        hq = downs[0].quantize_input(h)  # row-local: one call for all experts gives the same bits
+    else:
+        hq = torch.cat([d.quantize_input(h[a:b]) for (_, a, b), d in zip(spans, downs)])
+    y = h.new_empty(n_rows, hidden)
+    for (e, a, b), down in zip(spans, downs):
+        torch.mm(hq[a:b], down.weight().t(), out=y[a:b])
+        notify_linear(observer, layer, down.module, h[a:b], y[a:b], e)
+    del h, hq
+    if not need_output:
+        return None
+    # where each (token, slot) pair's row sits in the sorted buffer
+    position = torch.empty_like(order)
+    position[order] = torch.arange(order.numel(), device=order.device)
+    position = position.view(T, k)
+    out = torch.zeros(T, hidden, dtype=torch.float32, device=x.device)
+    for j in range(k):
+        out = out + y[position[:, j]].to(torch.float32) * weights[:, j, None]
+    return out

@@ -38,6 +38,9 @@ AUTO = "auto"
 # fake_quantize_activation_nvfp4's temporaries (fp32 copy, scaled blocks, |x|, codes, int32 index,
 # decoded values: ~14-16 B). Rounded up; used only to decide `materialize_layers="auto"`.
 CHUNK_BYTES_PER_VALUE = 40
+# The expert-sorted MoE path (moe.py) also holds, per (token, slot) pair, the gathered input, its
+# quantized copy and the expert output: SORTED_BUFFERS_PER_PAIR rows of `hidden` values in the compute dtype.
+SORTED_BUFFERS_PER_PAIR = 3
 # Kept free besides a chunk's work when deciding to materialize: attention score blocks
 # (ATTENTION_SCORE_BUDGET fp32 = 1 GiB), allocator fragmentation, the CUDA context's later needs.
 MATERIALIZE_HEADROOM_BYTES = 4 * 2**30
@@ -208,7 +211,8 @@ class LayerStreamRunner:
         """Rough peak working memory of one MLP/MoE chunk over `num_tokens` tokens in all: input, norm,
         fp32 routed sum, the W4A4 quantization's temporaries (CHUNK_BYTES_PER_VALUE per value)."""
         tokens = min(self.max_chunk_tokens or num_tokens, num_tokens)
-        return CHUNK_BYTES_PER_VALUE * tokens * self.config.hidden_size
+        pairs = SORTED_BUFFERS_PER_PAIR * self.config.num_experts_per_tok * self.dtype.itemsize
+        return (CHUNK_BYTES_PER_VALUE + pairs) * tokens * self.config.hidden_size
 
     def materialize_fits(self, w: LayerWeights, num_tokens: int, free_bytes: int) -> bool:
         """Whether dequantizing `w` once leaves room for a chunk's work over `num_tokens` tokens, a

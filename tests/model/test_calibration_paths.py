@@ -67,14 +67,19 @@ def test_quantize_once_is_bit_identical_to_per_expert(monkeypatch, how):
     cfg = _config()
     x = torch.randn(50, H, generator=torch.Generator().manual_seed(3)) * 2
     calls = _count_quantizations(monkeypatch)
-    fast = moe_module.moe(cfg, w, x, layer=1)
+    fast = moe_module.moe(cfg, w, x, layer=1, expert_path="loop")
     experts_used = int((torch.bincount(moe_module.route(cfg, w, x)[0].reshape(-1), minlength=E) > 0).sum())
     assert calls["n"] == 1 + experts_used  # the chunk once, then each expert's down_proj input
     assert calls["rows"] == 50 + 50 * TOP_K
 
     calls.update(n=0, rows=0)
+    # the expert-sorted path: the chunk once, and down_proj's inputs (one shared value) once for all experts
+    assert torch.equal(moe_module.moe(cfg, w, x, layer=1, expert_path="sorted"), fast)
+    assert calls["n"] == 2 and calls["rows"] == 50 + 50 * TOP_K
+
+    calls.update(n=0, rows=0)
     monkeypatch.setattr(moe_module, "shared_input_quantizer", lambda linears: None)  # the per-expert path
-    slow = moe_module.moe(cfg, w, x, layer=1)
+    slow = moe_module.moe(cfg, w, x, layer=1, expert_path="loop")
     assert torch.equal(fast, slow)
     # per expert, gate and up (one scale tensor, as the builder gives them) still share one quantization
     assert calls["n"] == 2 * experts_used
