@@ -28,7 +28,7 @@ from ..checkpoint.reader import CheckpointReader
 from ..checkpoint.writer import ShardWriter
 from ..model import LayerStreamRunner, NVFP4Weights
 from ..model.linear import NVFP4Linear
-from ..model.runner import DEFAULT_MAX_CHUNK_TOKENS
+from ..model.runner import CUDA_MAX_CHUNK_TOKENS, DEFAULT_MAX_CHUNK_TOKENS
 from .device import AUTO_DTYPE, dtype_name, resolve_device, resolve_dtype, synchronize
 from .pairing import require_converted, require_matching_source
 from .policy import (
@@ -61,11 +61,7 @@ DEFAULT_SEQ_LEN = 2048
 # Reports and per-layer statistics go here, inside the output folder.
 CALIBRATION_DIR = "calibration"
 ACTIVATION_STATS_DIR = "activation_stats"
-# Tokens per MLP/MoE chunk on CUDA when not given: 4x the runner's default, so each of K2.6's 384
-# experts gets ~1.4k rows per matmul instead of ~340 and the per-expert kernel launches (and, when a
-# layer is not materialized, the per-chunk dequantizations) happen 4x less often. Working memory
-# ~CHUNK_BYTES_PER_VALUE x 65536 x 7168 = 19 GB at most (W4A4 temporaries), fine on an H200.
-CUDA_CHUNK_TOKENS = 65536
+CUDA_CHUNK_TOKENS = CUDA_MAX_CHUNK_TOKENS  # tokens per MLP/MoE chunk on CUDA when not given (runner.py)
 
 
 def quantized_modules(reader: CheckpointReader, layer: int) -> list[str]:

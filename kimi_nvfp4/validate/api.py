@@ -18,13 +18,15 @@ from typing import Sequence
 import torch
 from tqdm.auto import tqdm
 
-from ..calibrate.device import resolve_device, synchronize
+from ..calibrate.device import AUTO_DTYPE, dtype_name, resolve_device, resolve_dtype, synchronize
 from ..calibrate.pairing import require_converted, require_matching_source
 from ..calibrate.samples import DataPart, load_sample_set
 from ..checkpoint.reader import CheckpointReader
 from ..errors import CheckpointError
 from ..model import Int4SourceWeights, LayerStreamRunner, NVFP4Weights
-from ..model.linear import ActivationMode
+from ..model.layer_weights import LayerWeights
+from ..model.linear import ActivationMode, NVFP4Linear
+from ..model.runner import CUDA_MAX_CHUNK_TOKENS, DEFAULT_MAX_CHUNK_TOKENS
 from ..model.nvfp4_linears import InputScaleReduction
 from .experts import WORST_EXPERTS, ExpertError, ExpertErrorObserver
 from .gates import DEFAULT_GATES, GateResult, GateThresholds, gate_check, gate_max, gate_min
@@ -39,11 +41,13 @@ DEFAULT_MODES = (ActivationMode.W4A4.value, ActivationMode.W4A16.value)
 VALIDATE_STAGE = "validate"
 
 
-def _runner_kwargs(dev, max_chunk_tokens, states_device) -> dict:
-    kw = {"device": dev, "progress": False, "states_device": states_device}
-    if max_chunk_tokens is not None:
-        kw["max_chunk_tokens"] = max_chunk_tokens
-    return kw
+def _runner_kwargs(dev, max_chunk_tokens, states_device, dtype, prefetch) -> dict:
+    if max_chunk_tokens is None:
+        max_chunk_tokens = CUDA_MAX_CHUNK_TOKENS if dev.type == "cuda" else DEFAULT_MAX_CHUNK_TOKENS
+    return {
+        "device": dev, "progress": False, "states_device": states_device, "dtype": dtype,
+        "max_chunk_tokens": max_chunk_tokens, "materialize_layers": "auto", "prefetch": prefetch,
+    }
 
 
 def _drift(ref, test) -> float:
@@ -156,56 +160,73 @@ def compare_streams(
     max_chunk_tokens: int | None = None,
     states_device: str | torch.device | None = None,
     progress: bool = True,
+    dtype: str | torch.dtype = "float32",
+    prefetch: bool | None = None,
 ) -> StreamComparison:
-    """Step the INT4 stream and one NVFP4 stream per mode through every layer, then compare logits."""
-    kw = _runner_kwargs(device, max_chunk_tokens, states_device)
+    """Step the INT4 stream and one NVFP4 stream per mode through every layer, then compare logits.
+
+    Each layer is read ONCE per checkpoint: the NVFP4 layer (dequantized once when it fits) serves the
+    per-expert comparison, the W4A4 stream and then, switched in place to W4A16, the W4A16 stream (the
+    weights do not depend on the activation mode); the weight check reads the layers already loaded.
+    `prefetch` (default: on CUDA) reads layer L+1 of both checkpoints while layer L computes.
+    """
+    compute_dtype = resolve_dtype(dtype, device)
+    if prefetch is None:
+        prefetch = device.type == "cuda"
+    kw = _runner_kwargs(device, max_chunk_tokens, states_device, compute_dtype, prefetch)
     ref_runner = LayerStreamRunner(Int4SourceWeights(src_reader), **kw)
-    runners = {
-        mode: LayerStreamRunner(
-            NVFP4Weights(out_reader, activations=mode.value, input_scale_reduction=reduction.value), **kw
-        )
-        for mode in modes
-    }
+    wanted = list(dict.fromkeys(modes))
+    # one NVFP4 source, opened in the most demanding mode asked for; W4A16 is a switch away
+    first = ActivationMode.W4A4 if ActivationMode.W4A4 in wanted else ActivationMode.W4A16
+    nv_source = NVFP4Weights(out_reader, activations=first.value, input_scale_reduction=reduction.value)
+    nv_runner = LayerStreamRunner(nv_source, **kw)
+    fallback_source = NVFP4Weights(out_reader, activations="w4a16", input_scale_reduction=reduction.value)
     ref_states = ref_runner.embed(sequences)
-    states = {mode: r.embed(sequences) for mode, r in runners.items()}
+    states = {mode: nv_runner.embed(sequences) for mode in wanted}
     comparer = WeightComparer(src_reader, out_reader, device, flag_rel_mse=flag_rel_mse)
     cfg = out_reader.layout.text
     result = StreamComparison([], [], [], None, {})
 
     for layer in tqdm(range(cfg.num_hidden_layers), desc="validate: layers", disable=not progress):
         t0 = time.perf_counter()
+        w_ref = ref_runner.load_layer(layer)
+        w_nv = _load_nvfp4_layer(nv_runner, fallback_source, layer, device, compute_dtype, states, result)
         observer = None
         if cfg.is_moe_layer(layer):
-            comparer.add_layer(layer)
-            observer = _expert_observer(out_reader, layer, device, list(runners), reduction, result.mode_errors)
-        new_ref = ref_runner.apply_layer(layer, ref_states, observer=observer)
+            comparer.add_loaded_layer(layer, w_ref, w_nv)
+            if w_nv is not None:
+                observer = ExpertErrorObserver(layer, w_nv, [m for m in states if _usable(w_nv, m)])
+        attended = ref_runner.attend(layer, ref_states, w_ref, observer)
+        del ref_states
+        new_ref = ref_runner.feed_forward(attended, w_ref, observer)
+        del w_ref, attended
         entry = LayerValidation(layer=layer, drift={})
         if observer is not None:
             found = observer.results()
-            del observer  # frees the NVFP4 layer before the NVFP4 streams load theirs
+            del observer
             result.expert_errors += found
-            for mode in runners:
+            for mode in states:
                 mine = [x for x in found if x.mode == mode.value]
                 if mine:
                     worst = max(mine, key=lambda x: x.rel_mse)
                     entry.expert_rel_mse_max[mode.value] = worst.rel_mse
                     entry.worst_expert[mode.value] = worst.expert
-        for mode in list(runners):
-            try:
-                states[mode] = runners[mode].apply_layer(layer, states[mode])
-            except CheckpointError as e:  # e.g. an input_scale missing: this mode cannot be emulated
-                result.mode_errors[mode.value] = f"layer {layer}: {e}"
-                del runners[mode], states[mode]
-                continue
+        for mode in list(states):
+            if w_nv is None:
+                break
+            nv_source.set_activations(w_nv, mode.value)
+            states[mode] = nv_runner.feed_forward(nv_runner.attend(layer, states[mode], w_nv), w_nv)
             entry.drift[mode.value] = _drift(new_ref, states[mode])
+        del w_nv
         ref_states = new_ref
         result.layers.append(entry)
         synchronize(device)
         result.layer_seconds.append(time.perf_counter() - t0)
 
+    runners = {mode: nv_runner for mode in states}
     t0 = time.perf_counter()
     comparisons = {mode: TokenComparison() for mode in runners}
-    streams = {mode: runners[mode].logits(states[mode]) for mode in runners}
+    streams = {mode: nv_runner.logits(states[mode]) for mode in runners}
     for seq, ref_logits in zip(sequences, ref_runner.logits(ref_states)):
         for mode, it in streams.items():
             comparisons[mode].add(ref_logits, next(it), seq)
@@ -250,6 +271,7 @@ def validate_checkpoint(
     states_device: str | torch.device | None = None,
     record_in_manifest: bool = True,
     generated_sessions: int | None = None,
+    dtype: str | torch.dtype = AUTO_DTYPE,
 ) -> ValidationReport:
     """Compare OUTPUT (NVFP4) with SOURCE (INT4) and evaluate every gate; writes the report to `report_dir`.
 
@@ -268,6 +290,7 @@ def validate_checkpoint(
     require_converted(out_reader)
     require_matching_source(src_reader, out_reader)
     dev = resolve_device(device)
+    compute_dtype = resolve_dtype(dtype, dev)  # a bad name fails before the data is loaded
     sample_set = load_sample_set(
         output,
         data,
@@ -290,6 +313,7 @@ def validate_checkpoint(
         max_chunk_tokens=max_chunk_tokens,
         states_device=states_device,
         progress=progress,
+        dtype=compute_dtype,
     )
     gate_results = evaluate_gates(
         thresholds, structure, run.weights, run.layers, run.end_to_end, run.mode_errors, mode_list
@@ -304,6 +328,7 @@ def validate_checkpoint(
             seed=seed,
             modes=[m.value for m in mode_list],
             input_scale_reduction=reduction.value,
+            dtype=dtype_name(compute_dtype),
         ),
         thresholds=thresholds,
         device=str(dev),
@@ -326,28 +351,37 @@ def validate_checkpoint(
     return report
 
 
-def _expert_observer(
-    reader: CheckpointReader,
-    layer: int,
-    dev: torch.device,
-    modes: list[ActivationMode],
-    reduction: InputScaleReduction,
-    mode_errors: dict[str, str],
-) -> ExpertErrorObserver | None:
-    """The NVFP4 layer for per-expert comparisons: W4A4 scales when they load, else W4A16 only.
+def _usable(w: LayerWeights, mode: ActivationMode) -> bool:
+    """Whether the loaded NVFP4 layer can be emulated in `mode` (W4A4 needs its input scales)."""
+    if mode is ActivationMode.W4A16:
+        return True
+    return all(lin.input_scale is not None for lin in w.linears() if isinstance(lin, NVFP4Linear))
 
-    A layer that does not load at all gives None here; the stream itself then records why.
-    """
-    usable = [m for m in modes if m.value not in mode_errors]
-    attempts = []
-    if ActivationMode.W4A4 in usable:
-        attempts.append((ActivationMode.W4A4, usable))
-    if ActivationMode.W4A16 in usable:
-        attempts.append((ActivationMode.W4A16, [ActivationMode.W4A16]))
-    for activations, compared in attempts:
-        try:
-            nvfp4 = NVFP4Weights(reader, activations=activations.value, input_scale_reduction=reduction.value)
-            return ExpertErrorObserver(layer, nvfp4.layer(layer, dev), compared)
-        except CheckpointError:
-            continue
-    return None
+
+def _load_nvfp4_layer(
+    runner: LayerStreamRunner,
+    fallback: NVFP4Weights,
+    layer: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    states: dict,
+    result: StreamComparison,
+) -> LayerWeights | None:
+    """The NVFP4 layer in the runner's mode; when W4A4 cannot load (an input_scale missing), the
+    W4A4 stream stops with its reason and the layer is loaded for W4A16 alone. None when even that
+    fails: every NVFP4 stream stops with the reason."""
+    try:
+        return runner.load_layer(layer)
+    except CheckpointError as e:
+        if ActivationMode.W4A4 in states:
+            result.mode_errors[ActivationMode.W4A4.value] = f"layer {layer}: {e}"
+            del states[ActivationMode.W4A4]
+    if not states:
+        return None
+    try:
+        return fallback.layer(layer, device, dtype)
+    except CheckpointError as e:
+        for mode in list(states):
+            result.mode_errors[mode.value] = f"layer {layer}: {e}"
+            del states[mode]
+        return None

@@ -70,6 +70,14 @@ from ..errors import GateFailure
     help="Sessions to generate for builtin/tree: data (default: enough for --samples; ~0.3 s each).",
 )
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option(
+    "--dtype",
+    default="auto",
+    show_default=True,
+    type=click.Choice(["auto", "float32", "bfloat16"]),
+    help="Compute dtype of every stream. auto: bfloat16 on CUDA (what SGLang serves: bf16 hidden states, "
+    "matmuls and logits), float32 on CPU.",
+)
 @click.option("--max-chunk-tokens", default=None, type=click.IntRange(min=1), help="Tokens per MLP/MoE chunk.")
 @click.option("--states-device", default=None, help="Keep hidden states here (e.g. cpu) when they do not fit the GPU.")
 @click.option("--no-progress", is_flag=True, help="Hide progress bars.")
@@ -86,6 +94,7 @@ def validate_command(
     seq_len,
     seed,
     device,
+    dtype,
     max_chunk_tokens,
     states_device,
     no_progress,
@@ -116,6 +125,7 @@ def validate_command(
         max_chunk_tokens=max_chunk_tokens,
         states_device=states_device,
         generated_sessions=generated_sessions,
+        dtype=dtype,
     )
     for g in report.gates:
         if not g.passed:

@@ -58,6 +58,8 @@ class ValidationSettings(BaseModel):
     seed: int
     modes: list[str]
     input_scale_reduction: str
+    # compute dtype of every stream: bf16 on CUDA by default (as SGLang serves), fp32 on CPU
+    dtype: str = "float32"
 
 
 class ValidationReport(BaseModel):

@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict
 from ..checkpoint.layout import PROJS
 from ..checkpoint.reader import CheckpointReader
 from ..errors import CheckpointError
+from ..model.layer_weights import LayerWeights, MLPWeights, MoEWeights
+from ..model.linear import Int4Linear, NVFP4Linear
 from ..numerics.methods import Int4Matrix, MatrixErrorStats, error_stats
 from ..numerics.nvfp4 import NVFP4Tensor
 
@@ -61,6 +63,20 @@ class WeightSummary(BaseModel):
     unreadable: list[str]  # matrices that could not be compared (and why)
 
 
+def _comparison(module: str, layer: int, expert: int, proj: str, m: Int4Matrix, q: NVFP4Tensor, where: str):
+    n_out, n_in = m.codes.shape
+    if tuple(q.weight.shape) != (n_out, n_in // 2):
+        raise CheckpointError(
+            f"NVFP4 weight is {list(q.weight.shape)}, expected {[n_out, n_in // 2]}", file=where, tensor=f"{module}.weight"
+        )
+    s = error_stats(m, q)
+    comp = MatrixComparison(
+        module=module, layer=layer, expert=expert, proj=proj, rel_mse=s.rel_mse, exact_fraction=s.exact_fraction,
+        max_abs_error=s.max_abs_error, numel=s.numel,
+    )
+    return comp, s
+
+
 def compare_expert(
     source: CheckpointReader, output: CheckpointReader, layer: int, expert: int, device: torch.device
 ) -> list[tuple[MatrixComparison, MatrixErrorStats]]:
@@ -84,28 +100,29 @@ def compare_expert(
             weight_scale=output.load(f"{module}.weight_scale").to(device),
             weight_scale_2=scale_2,
         )
-        if tuple(q.weight.shape) != (n_out, n_in // 2):
-            raise CheckpointError(
-                f"NVFP4 weight is {list(q.weight.shape)}, expected {[n_out, n_in // 2]}",
-                file=output.root,
-                tensor=f"{module}.weight",
-            )
-        s = error_stats(m, q)
-        out.append(
-            (
-                MatrixComparison(
-                    module=module,
-                    layer=layer,
-                    expert=expert,
-                    proj=proj,
-                    rel_mse=s.rel_mse,
-                    exact_fraction=s.exact_fraction,
-                    max_abs_error=s.max_abs_error,
-                    numel=s.numel,
-                ),
-                s,
-            )
-        )
+        out.append(_comparison(module, layer, expert, proj, m, q, str(output.root)))
+    return out
+
+
+def compare_loaded_expert(
+    layer: int, expert: int, int4: MLPWeights, nvfp4: MLPWeights, module_of, where: str
+) -> list[tuple[MatrixComparison, MatrixErrorStats]]:
+    """`compare_expert` over an expert both streams already loaded (no second read of either checkpoint)."""
+    out = []
+    gate_scale_2 = None
+    for proj in PROJS:
+        src, dst = getattr(int4, proj), getattr(nvfp4, proj)
+        if not isinstance(src, Int4Linear) or not isinstance(dst, NVFP4Linear):
+            raise CheckpointError(f"expected an INT4 source and an NVFP4 output linear, got {src} and {dst}",
+                                  file=where, tensor=module_of(proj))
+        m = Int4Matrix.from_packed(src.weight_packed, src.weight_scale, src.in_features)
+        scale_2 = dst.tensor.weight_scale_2.to(dtype=torch.float32).reshape(())
+        if proj == "gate_proj":
+            gate_scale_2 = scale_2
+        elif proj == "up_proj" and gate_scale_2 is not None:
+            scale_2 = gate_scale_2  # served with gate's (see the module docstring)
+        q = NVFP4Tensor(weight=dst.tensor.weight, weight_scale=dst.tensor.weight_scale, weight_scale_2=scale_2)
+        out.append(_comparison(module_of(proj), layer, expert, proj, m, q, where))
     return out
 
 
@@ -125,12 +142,30 @@ class WeightComparer:
         self._unreadable: list[str] = []
 
     def add_layer(self, layer: int) -> None:
+        """Compare layer `layer`'s experts, reading both checkpoints."""
+        self._add(layer, lambda e: compare_expert(self.source, self.output, layer, e, self.device))
+
+    def add_loaded_layer(self, layer: int, int4: LayerWeights, nvfp4: LayerWeights | None) -> None:
+        """Compare layer `layer`'s experts from the layers the streams loaded (`nvfp4` None: it did not load)."""
+        layout, where = self.source.layout, str(self.output.root)
+
+        def one(e: int):
+            if nvfp4 is None or not isinstance(nvfp4.mlp, MoEWeights) or not isinstance(int4.mlp, MoEWeights):
+                raise CheckpointError(f"layer {layer} did not load as a MoE layer", file=where)
+            return compare_loaded_expert(
+                layer, e, int4.mlp.experts[e], nvfp4.mlp.experts[e],
+                lambda proj: layout.expert_module(layer, e, proj), where,
+            )
+
+        self._add(layer, one)
+
+    def _add(self, layer: int, compare) -> None:
         stats: list[MatrixErrorStats] = []
         rel_max = 0.0
         for e in range(self.source.layout.text.n_routed_experts):
             try:
-                pairs = compare_expert(self.source, self.output, layer, e, self.device)
-            except (CheckpointError, ValueError, RuntimeError) as err:
+                pairs = compare(e)
+            except (CheckpointError, ValueError, RuntimeError, IndexError) as err:
                 self._unreadable.append(f"layer {layer} expert {e}: {err}")
                 continue
             for comp, s in pairs:
