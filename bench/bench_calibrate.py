@@ -44,6 +44,22 @@ from kimi_nvfp4.synth import create_synthetic_checkpoint
 
 K26_LAYERS = 61
 K26_DENSE_LAYERS = 1
+# bf16 dense matrix rate of one H200 measured on this workplace's machines (device tool KINDS.md: an
+# 8192^3 bf16 product at 769-798 TFLOP/s on random data); the fraction of peak below is against this.
+H200_BF16_MEASURED_TFLOPS = 790.0
+
+
+def moe_layer_flops_per_token(cfg, seq_len: int) -> float:
+    """Model FLOPs of one token through one K2 MoE layer (one stream): top-k routed + shared SwiGLU
+    experts, the MLA projections, and causal attention over on average seq_len/2 keys."""
+    h, inter = cfg.hidden_size, cfg.moe_intermediate_size
+    experts = (cfg.num_experts_per_tok + (cfg.n_shared_experts or 0)) * 3 * 2 * h * inter
+    heads, qk, v = cfg.num_attention_heads, cfg.qk_nope_head_dim + cfg.qk_rope_head_dim, cfg.v_head_dim
+    q = 2 * (h * cfg.q_lora_rank + cfg.q_lora_rank * heads * qk) if cfg.q_lora_rank else 2 * h * heads * qk
+    kv = 2 * (h * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) + cfg.kv_lora_rank * heads * (cfg.qk_nope_head_dim + v))
+    o = 2 * heads * v * h
+    scores = 2 * heads * (qk + v) * seq_len / 2
+    return experts + q + kv + o + scores
 
 
 def prepare(
@@ -175,7 +191,8 @@ def main() -> None:
                     help="compute dtype (auto: bfloat16 on CUDA, float32 on CPU)")
     ap.add_argument("--materialize", default="auto", choices=["auto", "on", "off"],
                     help="dequantize each layer once (auto: on CUDA when it fits) or per chunk")
-    ap.add_argument("--prefetch", action="store_true", help="load layer L+1 while layer L computes")
+    ap.add_argument("--prefetch", choices=["auto", "on", "off"], default="auto",
+                    help="load layer L+1 while layer L computes (auto: on CUDA)")
     ap.add_argument("--states-device", default=None)
     ap.add_argument("--data", default=None, help="render real sessions (calibrate --data spec) instead of random ids")
     ap.add_argument("--seed", type=int, default=0)
@@ -210,7 +227,7 @@ def main() -> None:
         states_device=args.states_device,
         dtype=args.dtype,
         materialize={"auto": "auto", "on": True, "off": False}[args.materialize],
-        prefetch=args.prefetch,
+        prefetch={"auto": None, "on": True, "off": False}[args.prefetch],
     )
     total = time.perf_counter() - t
     dense = [s for i, s in enumerate(run.layer_seconds) if not cfg.is_moe_layer(i)]
@@ -242,7 +259,15 @@ def main() -> None:
         "projected_k26_61_layers_minutes": projected / 60,
         # Layer time is linear in tokens (no attention over >seq_len); scale to the issue's 512 x 2048.
         "projected_k26_61_layers_512x2048_minutes": projected / 60 * (512 * 2048) / tokens,
-        "goal_minutes": 30,
+        "goal_minutes": 10,
+        # two MLP passes per MoE layer (observe W4A16 without down_proj's output, advance W4A4) + one attention
+        "moe_layer_model_tflops_per_s": (
+            tokens * moe_layer_flops_per_token(cfg, args.seq_len) * 2 / per_moe / 1e12 if per_moe else None
+        ),
+        "fraction_of_bf16_peak": (
+            tokens * moe_layer_flops_per_token(cfg, args.seq_len) * 2 / per_moe / 1e12 / H200_BF16_MEASURED_TFLOPS
+            if per_moe and dev.type == "cuda" else None
+        ),
         "peak_gpu_memory_gib": torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None,
     }
     args.json.write_text(json.dumps(result, indent=2) + "\n")

@@ -40,7 +40,7 @@ def main() -> None:
     import sys
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from bench_calibrate import prepare, sequences
+    from bench_calibrate import H200_BF16_MEASURED_TFLOPS, moe_layer_flops_per_token, prepare, sequences
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="auto")
@@ -56,12 +56,16 @@ def main() -> None:
     ap.add_argument("--states-device", default=None)
     ap.add_argument("--data", default=None)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--synth-device", default="cpu", help="where to synthesize the checkpoint (cuda: ~15 s at 384 experts)")
+    ap.add_argument("--dtype", default="auto", help="compute dtype of the streams (auto: bf16 on CUDA)")
     ap.add_argument("--json", type=Path, default=Path("bench_validate.json"))
     args = ap.parse_args()
 
     dev = resolve_device(args.device)
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    src, out = prepare(args.work_dir, args.preset, args.layers, str(dev), args.experts, args.vocab_size)
+    src, out = prepare(
+        args.work_dir, args.preset, args.layers, str(dev), args.experts, args.vocab_size, args.synth_device
+    )
     reader = CheckpointReader(out)
     if INPUT_SCALES_SHARD not in set(reader.weight_map.values()):
         calib = sequences(reader, out, CALIBRATION_SEQUENCES, min(args.seq_len, 512), None, 0)
@@ -92,6 +96,7 @@ def main() -> None:
         flag_rel_mse=DEFAULT_GATES.weight_rel_mse_max,
         max_chunk_tokens=args.max_chunk_tokens,
         states_device=args.states_device,
+        dtype=args.dtype,
     )
     total = time.perf_counter() - t
     moe = [s for i, s in enumerate(result.layer_seconds) if cfg.is_moe_layer(i)]
@@ -128,6 +133,17 @@ def main() -> None:
         / 60 * 512 / len(seqs) + structure_seconds * K26_CHECKPOINT_BYTES / checkpoint_bytes / 60,
         "end_to_end": [e.model_dump(exclude={"kl_histogram_edges", "kl_histogram_counts"}) for e in result.end_to_end],
         "peak_gpu_memory_gib": torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None,
+        # model FLOPs of the 1 + len(modes) streams (the per-expert comparison's extra expert work not counted)
+        "moe_layer_model_tflops_per_s": (
+            tokens * moe_layer_flops_per_token(cfg, args.seq_len) * (1 + len(modes)) / per_moe / 1e12
+            if per_moe else None
+        ),
+        "fraction_of_bf16_peak": (
+            tokens * moe_layer_flops_per_token(cfg, args.seq_len) * (1 + len(modes)) / per_moe / 1e12
+            / H200_BF16_MEASURED_TFLOPS if per_moe and dev.type == "cuda" else None
+        ),
+        "goal_minutes": 30,
+        "projection_from": f"{cfg.num_hidden_layers} synthetic layers x {len(seqs)} sequences x {args.seq_len} tokens",
     }
     args.json.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps({k: v for k, v in report.items() if k != "layer_seconds"}, indent=2))

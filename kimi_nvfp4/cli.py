@@ -61,14 +61,65 @@ class LazyGroup(click.Group):
             formatter.write_dl(rows)
 
 
+# Commands that run data-parallel under torchrun (kimi_nvfp4.distributed).
+DISTRIBUTED_COMMANDS = ("calibrate", "validate")
+GPUS_OPTION = "--gpus"
+
+
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="kimi-nvfp4")
+@click.option(
+    GPUS_OPTION,
+    type=click.IntRange(min=1),
+    default=None,
+    expose_value=False,
+    help="Run the command on N local GPUs (calibrate, validate): launches `torchrun --nproc-per-node N -m "
+    "kimi_nvfp4 COMMAND ...`. Must come before the command. Several nodes: run torchrun yourself.",
+)
 def cli() -> None:
     """Kimi K2.6 INT4 -> NVFP4 for SGLang on B200/B300, with calibration, validation and serving checks."""
 
 
+def _split_gpus(args: list[str]) -> tuple[int | None, list[str]]:
+    """`--gpus N COMMAND ...` (or `--gpus=N`) at the front -> (N, the rest); else (None, args)."""
+    if args and args[0].startswith(GPUS_OPTION + "="):
+        value, rest = args[0].split("=", 1)[1], args[1:]
+    elif args[:1] == [GPUS_OPTION] and len(args) >= 2:
+        value, rest = args[1], args[2:]
+    else:
+        return None, args
+    try:
+        return int(value), rest
+    except ValueError:
+        raise click.UsageError(f"{GPUS_OPTION} takes a number of GPUs, got {value!r}") from None
+
+
+def _launch_distributed(gpus: int, rest: list[str]) -> int:
+    """Run `rest` under torchrun on `gpus` local processes; its exit code (the first failing rank's)."""
+    import os
+    import subprocess
+
+    from .distributed import ENV_WORLD_SIZE, torchrun_command
+
+    if not rest or rest[0] not in DISTRIBUTED_COMMANDS:
+        raise click.UsageError(f"{GPUS_OPTION} works with: {', '.join(DISTRIBUTED_COMMANDS)}")
+    if gpus == 1 or os.environ.get(ENV_WORLD_SIZE):  # nothing to launch, or already under torchrun
+        return -1
+    return subprocess.call(torchrun_command(gpus, rest))
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: user-facing errors become one line on stderr and a distinct exit code."""
+    try:
+        gpus, rest = _split_gpus(list(sys.argv[1:] if argv is None else argv))
+        if gpus is not None:
+            code = _launch_distributed(gpus, rest)
+            if code >= 0:
+                sys.exit(code)
+            argv = rest
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
     try:
         # standalone_mode=False returns a command's ctx.exit(code) value instead of exiting.
         code = cli.main(args=argv, standalone_mode=False)

@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 
 from ..checkpoint.reader import CheckpointReader
 from ..checkpoint.writer import ShardWriter
+from ..distributed import RankContext, rank_context
 from ..model import LayerStreamRunner, NVFP4Weights
 from ..model.linear import NVFP4Linear
 from ..model.runner import CUDA_MAX_CHUNK_TOKENS, DEFAULT_MAX_CHUNK_TOKENS
@@ -185,7 +186,8 @@ def run_calibration(
     progress: bool = True,
     dtype: str | torch.dtype = AUTO_DTYPE,
     materialize: bool | str = "auto",
-    prefetch: bool = False,
+    prefetch: bool | None = None,
+    ctx: RankContext | None = None,
 ) -> CalibrationRun:
     """The observe / choose / advance loop over `layers` (default all) of the converted checkpoint.
 
@@ -194,10 +196,15 @@ def run_calibration(
     post-attention residual and the loaded weights, switched in place with `set_activations`.
     `dtype`: "auto" (bf16 on CUDA, fp32 on CPU), "float32" or "bfloat16". `materialize`: dequantize a
     layer once ("auto": on CUDA when it fits, see LayerStreamRunner). `prefetch`: load layer L+1 while
-    L computes (one more stored layer in memory). `max_chunk_tokens` None: CUDA_CHUNK_TOKENS on CUDA,
-    the runner's default elsewhere.
+    L computes (one more stored layer in memory; default: on CUDA). `max_chunk_tokens` None:
+    CUDA_CHUNK_TOKENS on CUDA, the runner's default elsewhere. `ctx`: under torchrun, `sequences` is
+    this rank's share and the statistics of all ranks are combined before each layer's scales are
+    chosen, so every rank computes the same scales (kimi_nvfp4.distributed).
     """
+    ctx = ctx or RankContext()
     compute_dtype = resolve_dtype(dtype, device)
+    if prefetch is None:
+        prefetch = device.type == "cuda"
     if max_chunk_tokens is None:
         max_chunk_tokens = CUDA_CHUNK_TOKENS if device.type == "cuda" else DEFAULT_MAX_CHUNK_TOKENS
     source = NVFP4Weights(reader, activations="w4a16")
@@ -224,11 +231,12 @@ def run_calibration(
             if not recompute_attention:
                 states = attended  # drop the layer input now: the W4A4 pass starts from `attended` too
             runner.feed_forward(attended, w, observer=collector, output=False)  # observe: statistics only
+        collector.combine_ranks(ctx)
         layer_scales, entry = _layer_scales(
             reader, layer, collector, policy=policy, min_expert_tokens=min_expert_tokens
         )
         run.layers.append(entry)
-        if stats_dir is not None:
+        if stats_dir is not None and ctx.is_main:
             _save_activation_stats(stats_dir, reader, layer, collector)
         if modules:
             run.scales.update(layer_scales)
@@ -278,6 +286,8 @@ def calibrate_checkpoint(
     require_matching_source(CheckpointReader(source), out_reader)
     require_no_misplaced_input_scales(out_reader)
     dev = resolve_device(device)
+    ctx = rank_context(dev)
+    dev = ctx.device(dev)
     resolve_dtype(dtype, dev)  # a bad name fails before the data is loaded
     sample_set = load_sample_set(
         output,
@@ -291,16 +301,20 @@ def calibrate_checkpoint(
     calib_dir = Path(report_dir) if report_dir is not None else output / CALIBRATION_DIR
     run = run_calibration(
         out_reader,
-        sample_set.sequences,
+        ctx.shard(sample_set.sequences),
         policy=policy,
         min_expert_tokens=min_expert_tokens,
         device=dev,
         max_chunk_tokens=max_chunk_tokens,
         states_device=states_device,
         stats_dir=calib_dir / ACTIVATION_STATS_DIR if save_activation_stats else None,
-        progress=progress,
+        progress=progress and ctx.is_main,
         dtype=dtype,
+        ctx=ctx,
     )
+    if not ctx.is_main:  # rank 0 writes; the others return what it wrote
+        ctx.barrier()
+        return ctx.broadcast_object(None)
     settings = CalibrationSettings(
         data=data,
         samples=samples,
@@ -336,6 +350,9 @@ def calibrate_checkpoint(
         layers=run.layers,
     )
     write_calibration_report(report, calib_dir)
+    if ctx.distributed:
+        ctx.barrier()
+        ctx.broadcast_object(report)
     return report
 
 

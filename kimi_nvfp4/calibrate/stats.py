@@ -163,6 +163,42 @@ class ActivationCollector:
             self.expert_tokens += counts
         self.router_tokens += topk_ids.shape[0]
 
+    def combine_ranks(self, ctx) -> None:
+        """Make every rank's statistics those of all ranks' tokens together (data parallelism,
+        `kimi_nvfp4.distributed`): maxima by max (exact), sums and counts by sum. Every rank ends
+        with the same numbers, so every rank chooses the same scales."""
+        if not ctx.distributed:
+            return
+        for table in (self.routed, self.all_tokens):
+            mine = [(m, -1 if e is None else e, st.in_features) for (m, e), st in table.items()]
+            keys = sorted(set().union(*map(set, ctx.all_gather_object(mine))))
+            order = []
+            for m, e, n in keys:
+                key = (m, None if e == -1 else e)
+                if key not in table:
+                    table[key] = ActivationStats(n, device=self.device)
+                order.append(table[key])
+            if not order:
+                continue
+            amax = ctx.all_reduce_max_(torch.stack([st.amax.reshape(()) for st in order]))
+            sums = ctx.all_reduce_sum_(torch.cat([st.sum_sq for st in order]))
+            tokens = ctx.all_reduce_sum_(torch.tensor([st.tokens for st in order], dtype=torch.int64, device=amax.device))
+            offset = 0
+            for i, st in enumerate(order):
+                st.amax = amax[i].clone()
+                st.sum_sq = sums[offset : offset + st.in_features].clone()
+                st.tokens = int(tokens[i])
+                offset += st.in_features
+        counts = self.expert_tokens
+        size = max(ctx.all_gather_object(0 if counts is None else counts.numel()))
+        if size:
+            mine = torch.zeros(size, dtype=torch.int64, device=self.device)
+            if counts is not None:
+                mine[: counts.numel()] = counts
+            self.expert_tokens = ctx.all_reduce_sum_(mine)
+        self.router_tokens = sum(ctx.all_gather_object(self.router_tokens))
+        self._last = None
+
     def tokens_per_expert(self, n_experts: int) -> list[int]:
         """Router assignments per expert for the current layer (zeros for experts never chosen)."""
         out = [0] * n_experts

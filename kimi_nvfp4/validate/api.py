@@ -22,6 +22,7 @@ from ..calibrate.device import AUTO_DTYPE, dtype_name, resolve_device, resolve_d
 from ..calibrate.pairing import require_converted, require_matching_source
 from ..calibrate.samples import DataPart, load_sample_set
 from ..checkpoint.reader import CheckpointReader
+from ..distributed import RankContext, rank_context
 from ..errors import CheckpointError
 from ..model import Int4SourceWeights, LayerStreamRunner, NVFP4Weights
 from ..model.layer_weights import LayerWeights
@@ -31,6 +32,7 @@ from ..model.nvfp4_linears import InputScaleReduction
 from .experts import WORST_EXPERTS, ExpertError, ExpertErrorObserver
 from .gates import DEFAULT_GATES, GateResult, GateThresholds, gate_check, gate_max, gate_min
 from .metrics import RelativeError, TokenComparison
+from .ranks import merge_counts, merge_relative_errors, merge_token_comparison
 from .report import EndToEnd, LayerValidation, ValidationReport, ValidationSettings, write_validation_report
 from .structure import StructureReport, check_structure
 from .weights import WeightComparer, WeightSummary
@@ -50,11 +52,11 @@ def _runner_kwargs(dev, max_chunk_tokens, states_device, dtype, prefetch) -> dic
     }
 
 
-def _drift(ref, test) -> float:
+def _drift(ref, test) -> RelativeError:
     acc = RelativeError()
     for a, b in zip(ref.sequences, test.sequences):
         acc.add(a, b.to(a.device))
-    return acc.rel_mse
+    return acc
 
 
 def evaluate_gates(
@@ -160,8 +162,9 @@ def compare_streams(
     max_chunk_tokens: int | None = None,
     states_device: str | torch.device | None = None,
     progress: bool = True,
-    dtype: str | torch.dtype = "float32",
+    dtype: str | torch.dtype = AUTO_DTYPE,
     prefetch: bool | None = None,
+    ctx: RankContext | None = None,
 ) -> StreamComparison:
     """Step the INT4 stream and one NVFP4 stream per mode through every layer, then compare logits.
 
@@ -169,7 +172,10 @@ def compare_streams(
     per-expert comparison, the W4A4 stream and then, switched in place to W4A16, the W4A16 stream (the
     weights do not depend on the activation mode); the weight check reads the layers already loaded.
     `prefetch` (default: on CUDA) reads layer L+1 of both checkpoints while layer L computes.
+    `ctx`: under torchrun, `sequences` is this rank's share; every figure is combined over the ranks
+    (validate/ranks.py) and is the same on every rank.
     """
+    ctx = ctx or RankContext()
     compute_dtype = resolve_dtype(dtype, device)
     if prefetch is None:
         prefetch = device.type == "cuda"
@@ -193,7 +199,7 @@ def compare_streams(
         w_nv = _load_nvfp4_layer(nv_runner, fallback_source, layer, device, compute_dtype, states, result)
         observer = None
         if cfg.is_moe_layer(layer):
-            comparer.add_loaded_layer(layer, w_ref, w_nv)
+            comparer.add_loaded_layer(layer, w_ref, w_nv, ctx)
             if w_nv is not None:
                 observer = ExpertErrorObserver(layer, w_nv, [m for m in states if _usable(w_nv, m)])
         attended = ref_runner.attend(layer, ref_states, w_ref, observer)
@@ -201,7 +207,10 @@ def compare_streams(
         new_ref = ref_runner.feed_forward(attended, w_ref, observer)
         del w_ref, attended
         entry = LayerValidation(layer=layer, drift={})
+        drift: dict[ActivationMode, RelativeError] = {}
         if observer is not None:
+            observer.errors = merge_relative_errors(ctx, observer.errors)
+            observer.tokens = merge_counts(ctx, observer.tokens)
             found = observer.results()
             del observer
             result.expert_errors += found
@@ -216,7 +225,9 @@ def compare_streams(
                 break
             nv_source.set_activations(w_nv, mode.value)
             states[mode] = nv_runner.feed_forward(nv_runner.attend(layer, states[mode], w_nv), w_nv)
-            entry.drift[mode.value] = _drift(new_ref, states[mode])
+            drift[mode] = _drift(new_ref, states[mode])
+        for mode, err in merge_relative_errors(ctx, drift).items():
+            entry.drift[mode.value] = err.rel_mse
         del w_nv
         ref_states = new_ref
         result.layers.append(entry)
@@ -232,7 +243,8 @@ def compare_streams(
             comparisons[mode].add(ref_logits, next(it), seq)
     synchronize(device)
     result.logits_seconds = time.perf_counter() - t0
-    for mode, c in comparisons.items():
+    for mode, c in list(comparisons.items()):
+        c = comparisons[mode] = merge_token_comparison(ctx, c)
         edges, counts = c.kl_histogram()
         result.end_to_end.append(
             EndToEnd(
@@ -290,6 +302,8 @@ def validate_checkpoint(
     require_converted(out_reader)
     require_matching_source(src_reader, out_reader)
     dev = resolve_device(device)
+    ctx = rank_context(dev)
+    dev = ctx.device(dev)
     compute_dtype = resolve_dtype(dtype, dev)  # a bad name fails before the data is loaded
     sample_set = load_sample_set(
         output,
@@ -301,11 +315,13 @@ def validate_checkpoint(
         generated_sessions=generated_sessions,
     )
 
-    structure = check_structure(out_reader, src_reader, progress=progress)
+    # the structural scan reads every tensor once: rank 0's job, shared with the others at the end
+    structure = check_structure(out_reader, src_reader, progress=progress) if ctx.is_main else None
+    progress = progress and ctx.is_main
     run = compare_streams(
         src_reader,
         out_reader,
-        sample_set.sequences,
+        ctx.shard(sample_set.sequences),
         modes=mode_list,
         reduction=reduction,
         device=dev,
@@ -314,7 +330,9 @@ def validate_checkpoint(
         states_device=states_device,
         progress=progress,
         dtype=compute_dtype,
+        ctx=ctx,
     )
+    structure = ctx.broadcast_object(structure)
     gate_results = evaluate_gates(
         thresholds, structure, run.weights, run.layers, run.end_to_end, run.mode_errors, mode_list
     )
@@ -345,9 +363,11 @@ def validate_checkpoint(
         gates=gate_results,
         passed=all(g.passed for g in gate_results),
     )
-    write_validation_report(report, report_dir)
-    if record_in_manifest:
-        _record_stage(output, report, report_dir)
+    if ctx.is_main:
+        write_validation_report(report, report_dir)
+        if record_in_manifest:
+            _record_stage(output, report, report_dir)
+    ctx.barrier()
     return report
 
 

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ..checkpoint.layout import PROJS
 from ..checkpoint.reader import CheckpointReader
+from ..distributed import RankContext
 from ..errors import CheckpointError
 from ..model.layer_weights import LayerWeights, MLPWeights, MoEWeights
 from ..model.linear import Int4Linear, NVFP4Linear
@@ -145,8 +146,12 @@ class WeightComparer:
         """Compare layer `layer`'s experts, reading both checkpoints."""
         self._add(layer, lambda e: compare_expert(self.source, self.output, layer, e, self.device))
 
-    def add_loaded_layer(self, layer: int, int4: LayerWeights, nvfp4: LayerWeights | None) -> None:
-        """Compare layer `layer`'s experts from the layers the streams loaded (`nvfp4` None: it did not load)."""
+    def add_loaded_layer(
+        self, layer: int, int4: LayerWeights, nvfp4: LayerWeights | None, ctx: RankContext | None = None
+    ) -> None:
+        """Compare layer `layer`'s experts from the layers the streams loaded (`nvfp4` None: it did not
+        load). Under data parallelism (`ctx`) each rank compares every world_size-th expert and all
+        ranks then take every result, in expert order: the same summary as one process."""
         layout, where = self.source.layout, str(self.output.root)
 
         def one(e: int):
@@ -157,16 +162,23 @@ class WeightComparer:
                 lambda proj: layout.expert_module(layer, e, proj), where,
             )
 
-        self._add(layer, one)
+        self._add(layer, one, ctx or RankContext())
 
-    def _add(self, layer: int, compare) -> None:
+    def _add(self, layer: int, compare, ctx: RankContext = RankContext()) -> None:
         stats: list[MatrixErrorStats] = []
         rel_max = 0.0
-        for e in range(self.source.layout.text.n_routed_experts):
+        found: dict[int, list | str] = {}
+        for e in range(ctx.rank, self.source.layout.text.n_routed_experts, ctx.world_size):
             try:
-                pairs = compare(e)
+                found[e] = compare(e)
             except (CheckpointError, ValueError, RuntimeError, IndexError) as err:
-                self._unreadable.append(f"layer {layer} expert {e}: {err}")
+                found[e] = str(err)
+        if ctx.distributed:
+            found = {e: v for part in ctx.all_gather_object(found) for e, v in part.items()}
+        for e in sorted(found):
+            pairs = found[e]
+            if isinstance(pairs, str):
+                self._unreadable.append(f"layer {layer} expert {e}: {pairs}")
                 continue
             for comp, s in pairs:
                 stats.append(s)
