@@ -46,6 +46,26 @@ class LatentKV:
         return LatentKV(self.latent.clone(), self.k_pe.clone())
 
 
+def _half_precision_on_cuda(t: torch.Tensor) -> bool:
+    return t.is_cuda and t.dtype in (torch.bfloat16, torch.float16)
+
+
+def _key_operand(k: torch.Tensor) -> torch.Tensor:
+    """Keys `[S, heads, d]` as `_fp32_scores` takes them: `[heads, d, S]` in the compute dtype on CUDA
+    (tensor cores), fp32 `[S, heads, d]` elsewhere."""
+    return k.permute(1, 2, 0) if _half_precision_on_cuda(k) else k.to(torch.float32)
+
+
+def _fp32_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """`Q.K^T` per head `[heads, T, S]` in fp32. On CUDA with bf16 operands, a tensor-core product with
+    fp32 accumulation and fp32 output (`out_dtype`), which is what FlashMLA computes: bf16 x bf16 products
+    are exact in fp32, so this equals the fp32 product of the upcast operands up to the order of the
+    fp32 additions (tests/model/test_attention_scores.py). Elsewhere the upcast fp32 einsum (reference)."""
+    if k.dim() == 3 and _half_precision_on_cuda(q) and k.shape[0] == q.shape[1]:
+        return torch.bmm(q.transpose(0, 1), k, out_dtype=torch.float32)
+    return torch.einsum("thd,shd->hts", q.to(torch.float32), k)
+
+
 def mla_attention(
     cfg: K2Config,
     rope: RotaryEmbedding,
@@ -108,10 +128,10 @@ def mla_attention(
     # Scores in fp32 whatever the compute dtype: FlashMLA (SGLang's MLA decode/prefill kernels) keeps
     # Q.K^T in fp32 accumulators through the softmax and rounds only P to bf16 for P.V; a bf16 einsum
     # would round every score first.
-    k_scores = k.to(torch.float32)
+    k_scores = _key_operand(k)
     for start in range(0, T, rows):
         end = min(T, start + rows)
-        scores = torch.einsum("thd,shd->hts", q[start:end].to(torch.float32), k_scores) * rope.softmax_scale
+        scores = _fp32_scores(q[start:end], k_scores) * rope.softmax_scale
         # causal: query at absolute position p sees keys 0..p
         allowed = key_pos[None, :] <= positions[start:end, None]
         scores = scores.masked_fill(~allowed[None], float("-inf"))

@@ -50,6 +50,25 @@ SORTED_BUFFERS_PER_PAIR = 3
 MATERIALIZE_HEADROOM_BYTES = 4 * 2**30
 
 
+def layer_tensors(obj, seen: set[int] | None = None) -> Iterator[torch.Tensor]:
+    """Every tensor a loaded layer holds (through its dataclasses, linears, lists), each once."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            yield from layer_tensors(x, seen)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            yield from layer_tensors(x, seen)
+    elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+        for x in vars(obj).values():
+            yield from layer_tensors(x, seen)
+
+
 def layer_stored_bytes(w: LayerWeights) -> int:
     """Bytes a loaded layer's linears hold as stored (packed codes, scales, dense weights)."""
     return sum(lin.stored_bytes() for lin in w.linears())
@@ -124,6 +143,7 @@ class LayerStreamRunner:
         self.prefetch_next = prefetch
         self.rope = RotaryEmbedding.from_config(self.config)
         self._loader: ThreadPoolExecutor | None = None
+        self._load_stream: torch.cuda.Stream | None = None
         self._pending: tuple[int, Future] | None = None
 
     @property
@@ -141,9 +161,25 @@ class LayerStreamRunner:
         return HiddenStates(out)
 
     def _load(self, i: int) -> LayerWeights:
-        w = self.source.layer(i, self.device, self.dtype)
-        if self.materialize_layers is True:
-            w.materialize()
+        if self.device.type != "cuda":
+            w = self.source.layer(i, self.device, self.dtype)
+            if self.materialize_layers is True:
+                w.materialize()
+            return w
+        # On its own CUDA stream, so that a prefetch's uploads and conversions overlap the compute the
+        # main thread queues on the default stream instead of queueing behind it (and it behind them).
+        if self._load_stream is None:
+            self._load_stream = torch.cuda.Stream(self.device)
+        with torch.cuda.stream(self._load_stream):
+            w = self.source.layer(i, self.device, self.dtype)
+            if self.materialize_layers is True:
+                w.materialize()
+        self._load_stream.synchronize()
+        consumer = torch.cuda.default_stream(self.device)
+        for t in layer_tensors(w):
+            # made on the load stream, used and freed on the default stream: the caching allocator must
+            # not hand their memory to the load stream again before the default stream is done with it
+            t.record_stream(consumer)
         return w
 
     def prefetch(self, i: int) -> None:

@@ -39,7 +39,11 @@ def _apply(lin: Linear, x: torch.Tensor, mode: ActivationMode) -> torch.Tensor:
 
 
 def nvfp4_expert_output(w: MLPWeights, x: torch.Tensor, mode: ActivationMode) -> torch.Tensor:
-    h = F.silu(_apply(w.gate_proj, x, mode)) * _apply(w.up_proj, x, mode)
+    if mode is ActivationMode.W4A4 and w.up_proj.input_quantizer() is w.gate_proj.input_quantizer():
+        xq = w.gate_proj.quantize_input(x)  # one quantization for both, as the w13 GEMM does
+        h = F.silu(w.gate_proj.matmul(xq)) * w.up_proj.matmul(xq)
+    else:
+        h = F.silu(_apply(w.gate_proj, x, mode)) * _apply(w.up_proj, x, mode)
     return _apply(w.down_proj, h, mode)
 
 
