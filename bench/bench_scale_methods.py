@@ -32,6 +32,7 @@ from kimi_nvfp4.numerics.methods import (
     ScaleMethod,
     error_stats,
     quantize_int4_matrices,
+    weight_only_methods,
 )
 from kimi_nvfp4.numerics.nvfp4 import NVFP4Tensor
 
@@ -209,7 +210,7 @@ def warm_up(device: str) -> None:
         return
     gen = torch.Generator().manual_seed(1)
     small = synthetic_int4(64, 256, gen, device)
-    for method in ScaleMethod:
+    for method in weight_only_methods():
         quantize_int4_matrices([small], method)
     _sync(device)
 
@@ -246,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         experts = synthetic_experts(args.experts, args.rows, args.seed, args.device)
     warm_up(args.device)
     rows: list[Row] = []
-    for method in ScaleMethod:
+    for method in weight_only_methods():
         if method.value not in args.skip:
             rows.append(run_method(experts, method, args.device))
     if "modelopt" not in args.skip:

@@ -33,8 +33,7 @@ def _sync(device: torch.device) -> None:
 def component_rates(source: Path, device: torch.device, method: str, experts: int) -> dict[str, float]:
     from kimi_nvfp4.checkpoint.tensor_io import ShardFiles
     from kimi_nvfp4.convert.plan import plan_conversion
-    from kimi_nvfp4.numerics.methods import Int4Matrix
-    from kimi_nvfp4.numerics.methods.batch import quantize_int4_groups
+    from kimi_nvfp4.numerics.methods import Int4Matrix, quantize_int4_groups
 
     plan = plan_conversion(source)
     groups = [g for job in plan.jobs for g in job.groups][: 2 * experts]

@@ -14,12 +14,15 @@ import time
 
 import torch
 
-from kimi_nvfp4.numerics.e4m3 import e4m3_from_bits
-from kimi_nvfp4.numerics.methods import quantize as Q
-from kimi_nvfp4.numerics.methods.batch import quantize_int4_groups
-from kimi_nvfp4.numerics.methods.lut import BlockKeys
+from kimi_nvfp4.numerics.methods import ScaleMethod, quantize_int4_groups, quantize_int4_matrices
+from kimi_nvfp4.numerics.methods.catalog.int4_aware import INT4_AWARE_RULE
+from kimi_nvfp4.numerics.methods.search.cpu_search import KeyTable
+from kimi_nvfp4.numerics.methods.search.cpu_tables import BlockKeys
+from kimi_nvfp4.numerics.methods.search.encode import encode_by_lookup
+from kimi_nvfp4.numerics.methods.search.reference import error_total_rows
+from kimi_nvfp4.numerics.methods.search.rule import power_of_two_tensor_scale
 from kimi_nvfp4.numerics.methods.stats import error_sums
-from kimi_nvfp4.numerics.methods.types import ScaleMethod
+from kimi_nvfp4.numerics.nvfp4 import tensor_scale_from_amax
 
 try:  # bench/ is not a package
     from profile_numerics import expert
@@ -46,18 +49,25 @@ def main() -> None:
     args = ap.parse_args()
     gate, up = expert(torch.Generator().manual_seed(0), "cpu")[0]
     aware, amax = ScaleMethod.INT4_AWARE, ScaleMethod.AMAX
-    ws2 = Q.shared_tensor_scale([gate, up], aware)
-    b2 = Q.shared_tensor_scale([gate, up], amax)
-    bits = Q.search_block_bits(gate, ws2, aware, b2)[0]
-    q = Q.quantize_int4_matrices([gate, up])
+    largest = torch.maximum(gate.amax(), up.amax())
+    ws2 = power_of_two_tensor_scale(largest, INT4_AWARE_RULE.tensor_scale_headroom)
+    b2 = tensor_scale_from_amax(largest)
+    keys = BlockKeys.of(gate)
+    total_rows = error_total_rows(gate, INT4_AWARE_RULE.count)
+
+    def search():
+        return KeyTable(keys.values, INT4_AWARE_RULE, ws2, b2).search(keys, total_rows)
+
+    bits = search().chosen_bits
+    q = quantize_int4_matrices([gate, up])
     rows = {
         "block keys gate (lookups)": lambda: BlockKeys.of(gate),
-        "search gate (baseline)": lambda: Q.search_block_bits(gate, ws2, aware, b2),
-        "encode gate": lambda: Q._encode_rows(gate, e4m3_from_bits(bits), ws2),
-        "amax quantize gate": lambda: Q._quantize_amax(gate, b2),
+        "search gate (baseline)": search,
+        "encode gate": lambda: encode_by_lookup(gate, keys, bits, ws2),
+        "amax quantize gate": lambda: quantize_int4_matrices([gate], amax),
         "stats gate": lambda: error_sums(gate, q[0]),
-        "whole gate+up int4-aware": lambda: Q.quantize_int4_matrices([gate, up], aware),
-        "whole gate+up amax": lambda: Q.quantize_int4_matrices([gate, up], amax),
+        "whole gate+up int4-aware": lambda: quantize_int4_matrices([gate, up], aware),
+        "whole gate+up amax": lambda: quantize_int4_matrices([gate, up], amax),
         "groups gate+up int4-aware +stats": lambda: quantize_int4_groups([[gate, up]], aware, record_stats=True),
         "groups gate+up amax +stats": lambda: quantize_int4_groups([[gate, up]], amax, record_stats=True),
     }

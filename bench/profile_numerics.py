@@ -14,8 +14,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from kimi_nvfp4.numerics.methods import Int4Matrix
-from kimi_nvfp4.numerics.methods.batch import quantize_int4_groups
+from kimi_nvfp4.numerics.methods import Int4Matrix, quantize_int4_groups
 
 HIDDEN, WIDTH, GROUP = 7168, 2048, 32
 

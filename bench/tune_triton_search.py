@@ -3,19 +3,18 @@
     python bench/tune_triton_search.py --experts 8
 
 Prints GB/s of INT4 input for search + encode (no error stats) per (blocks per program, warps), and the same
-conversion through `quantize_int4_groups` with the kernels and with the torch path (KIMI_NVFP4_TRITON=0).
+conversion through `quantize_int4_groups` with the kernels and with the reference torch path (`path="reference"`).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
 import torch
 
-from kimi_nvfp4.numerics.methods import triton_search
-from kimi_nvfp4.numerics.methods.batch import quantize_int4_groups
+from kimi_nvfp4.numerics.methods import SearchPath, quantize_int4_groups
+from kimi_nvfp4.numerics.methods.search import triton_kernels as triton_search
 
 from profile_numerics import expert  # bench/ is the script's directory
 
@@ -46,12 +45,10 @@ def main() -> None:
             rate = _rate(lambda: quantize_int4_groups(groups, "int4-aware"), int4_bytes)
             print(f"blocks={blocks:4d} warps={warps}: {rate:6.2f} GB/s INT4", flush=True)
     triton_search.BLOCKS_PER_PROGRAM, triton_search._COMPILE = original[0], original[1]
-    for label, flag in (("kernels", "1"), ("torch path", "0")):
-        os.environ["KIMI_NVFP4_TRITON"] = flag
+    for label, path in (("kernels", SearchPath.TRITON), ("torch path", SearchPath.REFERENCE)):
         for stats in (False, True):
-            rate = _rate(lambda: quantize_int4_groups(groups, "int4-aware", record_stats=stats), int4_bytes)
+            rate = _rate(lambda: quantize_int4_groups(groups, "int4-aware", record_stats=stats, path=path), int4_bytes)
             print(f"quantize_int4_groups int4-aware, {label}, stats={stats}: {rate:.2f} GB/s INT4", flush=True)
-    os.environ["KIMI_NVFP4_TRITON"] = "1"
     rate = _rate(lambda: quantize_int4_groups(groups, "amax"), int4_bytes)
     print(f"quantize_int4_groups amax: {rate:.2f} GB/s INT4", flush=True)
 

@@ -6,14 +6,14 @@ import json
 
 import click
 
-from ..numerics.methods import DEFAULT_METHOD, ScaleMethod
+from ..numerics.methods import DEFAULT_METHOD, weight_only_methods
 from .api import DEVICES, KV_CACHE_CHOICES, convert_checkpoint
 
 
 @click.command("convert")
 @click.argument("source")
 @click.argument("output", type=click.Path(file_okay=False))
-@click.option("--method", type=click.Choice([m.value for m in ScaleMethod]), default=DEFAULT_METHOD.value,
+@click.option("--method", type=click.Choice([m.value for m in weight_only_methods()]), default=DEFAULT_METHOD.value,
               show_default=True, help="How NVFP4 scales are chosen for each INT4 expert matrix.")
 @click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True,
               help="Where experts are quantized; CPU and CUDA write identical bytes.")

@@ -32,8 +32,7 @@ from ..checkpoint.writer import (
     WrittenShard,
 )
 from ..errors import CheckpointError
-from ..numerics.methods import Int4Matrix, ScaleMethod
-from ..numerics.methods.batch import quantize_int4_groups
+from ..numerics.methods import Int4Matrix, ScaleMethod, quantize_int4_groups
 from ..numerics.methods.stats import stats_from_sums
 from .plan import ExpertMatrix, ScaleGroup, ShardJob
 

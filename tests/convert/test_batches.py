@@ -10,7 +10,7 @@ from kimi_nvfp4.checkpoint.manifest import load_manifest
 from kimi_nvfp4.convert import convert_checkpoint, job
 from kimi_nvfp4.convert.plan import plan_conversion
 from kimi_nvfp4.errors import CheckpointError
-from kimi_nvfp4.numerics.methods.batch import quantize_int4_groups
+from kimi_nvfp4.numerics.methods import SearchPath, quantize_int4_groups
 
 from .conftest import edit_tensor, weight_map
 
@@ -21,7 +21,7 @@ def _cuda_flow_on_cpu(monkeypatch, batch_bytes: int, ring: bool = False) -> None
     monkeypatch.setitem(job._PINNED_INPUT_RING, "cpu", ring)
     monkeypatch.setitem(job._BATCH_INT4_BYTES, "cpu", batch_bytes)
     monkeypatch.setitem(job._BATCHES_IN_FLIGHT, "cpu", 2)
-    monkeypatch.setattr(job, "quantize_int4_groups", functools.partial(quantize_int4_groups, deferred=True))
+    monkeypatch.setattr(job, "quantize_int4_groups", functools.partial(quantize_int4_groups, path=SearchPath.REFERENCE))
 
 
 def test_batches_cover_every_group_in_order_within_budget(source, monkeypatch):

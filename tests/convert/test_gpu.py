@@ -6,12 +6,12 @@ import pytest
 
 from kimi_nvfp4.checkpoint.manifest import load_manifest
 from kimi_nvfp4.convert import convert_checkpoint, job
-from kimi_nvfp4.numerics.methods import ScaleMethod
+from kimi_nvfp4.numerics.methods import weight_only_methods
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("batch_bytes", [None, 3000], ids=["one-batch", "many-batches"])
-@pytest.mark.parametrize("method", [m.value for m in ScaleMethod])
+@pytest.mark.parametrize("method", [m.value for m in weight_only_methods()])
 def test_cuda_and_cpu_write_the_same_shards(source, tmp_path, monkeypatch, method, batch_bytes):
     if batch_bytes is not None:  # several batches in flight on the device
         monkeypatch.setitem(job._BATCH_INT4_BYTES, "cuda", batch_bytes)

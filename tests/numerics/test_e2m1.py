@@ -116,7 +116,7 @@ def test_matches_model_optimizer_at_every_bound_and_its_fp32_neighbours():
 
 
 def test_magnitude_histogram_counts_absolute_codes():
-    from kimi_nvfp4.numerics.methods.block_search import magnitude_histogram
+    from kimi_nvfp4.numerics.methods.search.reference import magnitude_histogram
 
     codes = torch.tensor([[-8, 7, -7, 0, 1, 1, -1, 2, 3, 4, 5, 6, -6, 0, 0, 0]], dtype=torch.int8)
     assert magnitude_histogram(codes).flatten().tolist() == [3.0, 1.0, 1.0, 1.0, 1.0, 2.0, 2.0, 1.0]

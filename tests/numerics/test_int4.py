@@ -64,7 +64,7 @@ def test_rejects_bad_input():
 
 
 def test_byte_wise_unpack_equals_unpack_int4_for_every_nibble_pattern():
-    from kimi_nvfp4.numerics.methods.types import unpack_int4_bytes
+    from kimi_nvfp4.numerics.methods.int4_matrix import unpack_int4_bytes
 
     gen = torch.Generator().manual_seed(3)
     words = torch.randint(-(2**31), 2**31 - 1, (33, 16), dtype=torch.int32, generator=gen)

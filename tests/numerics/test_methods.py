@@ -8,22 +8,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from modelopt.torch.quantization.qtensor.nvfp4_tensor import NVFP4QTensor
 
-from kimi_nvfp4.numerics.e4m3 import e4m3_bits
 from kimi_nvfp4.numerics.methods import (
     DEFAULT_METHOD,
     Int4Matrix,
     MatrixErrorStats,
     ScaleMethod,
     error_stats,
+    method_spec,
     quantize_int4_matrices,
-    search_block_scales,
 )
-from kimi_nvfp4.numerics.methods.block_search import (
+from kimi_nvfp4.numerics.methods.search.reference import (
+    block_max_code,
     candidate_errors,
     flat_blocks,
     magnitude_histogram,
+    search_reference,
 )
-from kimi_nvfp4.numerics.methods.quantize import amax_block_bits
+from kimi_nvfp4.numerics.methods.search.rule import model_optimizer_bits, power_of_two_tensor_scale
 from kimi_nvfp4.numerics.nvfp4 import (
     dequantize_nvfp4,
     quantize_nvfp4,
@@ -32,7 +33,13 @@ from kimi_nvfp4.numerics.nvfp4 import (
 
 from .conftest import realistic_int4
 
-ALL_METHODS = list(ScaleMethod)
+WEIGHT_ONLY = [ScaleMethod.AMAX, ScaleMethod.INT4_AWARE, ScaleMethod.SWEEP]
+SEARCHED = [ScaleMethod.INT4_AWARE, ScaleMethod.SWEEP]
+
+
+def _search_bits(m: Int4Matrix, weight_scale_2: torch.Tensor, method: ScaleMethod) -> torch.Tensor:
+    """The search's chosen bits under `weight_scale_2` (the reference path; Model Optimizer's beside it unused)."""
+    return search_reference(m, weight_scale_2, weight_scale_2, method_spec(method).search.candidates).chosen_bits
 
 
 def test_default_is_int4_aware():
@@ -51,14 +58,14 @@ def test_amax_method_is_model_optimizer_on_the_dequantized_values(int4_pair):
         assert torch.equal(q.weight_scale_2, scale_2)
 
 
-@pytest.mark.parametrize("method", ALL_METHODS, ids=lambda m: m.value)
+@pytest.mark.parametrize("method", WEIGHT_ONLY, ids=lambda m: m.value)
 def test_gate_up_share_weight_scale_2(int4_pair, method):
     gate_q, up_q = quantize_int4_matrices(list(int4_pair), method)
     assert gate_q.weight_scale_2.dtype == torch.float32 and gate_q.weight_scale_2.ndim == 0
     assert torch.equal(gate_q.weight_scale_2, up_q.weight_scale_2)
 
 
-@pytest.mark.parametrize("method", ALL_METHODS, ids=lambda m: m.value)
+@pytest.mark.parametrize("method", WEIGHT_ONLY, ids=lambda m: m.value)
 def test_round_trips_through_model_optimizer_dequantizer(int4_pair, method):
     for m, q in zip(int4_pair, quantize_int4_matrices(list(int4_pair), method)):
         packed = NVFP4QTensor(m.shape, torch.float32, q.weight)
@@ -71,7 +78,7 @@ def test_round_trips_through_model_optimizer_dequantizer(int4_pair, method):
         assert torch.equal(again.weight, q.weight)
 
 
-@pytest.mark.parametrize("method", [ScaleMethod.INT4_AWARE, ScaleMethod.SWEEP], ids=lambda m: m.value)
+@pytest.mark.parametrize("method", SEARCHED, ids=lambda m: m.value)
 def test_representable_blocks_decode_exactly(method):
     # Codes from {0, +-1..4, +-6, -8} with power-of-two group scales: d = 2 * s_group makes every one exact.
     gen = torch.Generator().manual_seed(0)
@@ -90,11 +97,11 @@ def test_representable_blocks_decode_exactly(method):
 def test_never_worse_than_amax_per_matrix_and_sweep_is_best(seed):
     mats = [realistic_int4(24, 256, seed=seed), realistic_int4(24, 256, seed=seed + 100, row_spread=1.0)]
     stats = {}
-    for method in ALL_METHODS:
+    for method in WEIGHT_ONLY:
         out = quantize_int4_matrices(mats, method)
         stats[method] = [error_stats(m, q) for m, q in zip(mats, out)]
     for i in range(len(mats)):
-        amax, aware, sweep = (stats[m][i].sum_squared_error for m in ALL_METHODS)
+        amax, aware, sweep = (stats[m][i].sum_squared_error for m in WEIGHT_ONLY)
         assert aware <= amax and sweep <= aware * (1 + 1e-6)
     pooled = {m: MatrixErrorStats.pooled(s).rel_mse for m, s in stats.items()}
     assert pooled[ScaleMethod.INT4_AWARE] < 0.7 * pooled[ScaleMethod.AMAX]
@@ -115,10 +122,10 @@ def test_never_worse_than_amax_on_any_block_under_the_same_tensor_scale(seed, te
     t = torch.tensor(2.0**tensor_scale_exponent, dtype=torch.float32) * float(m.amax()) / 2688
     block_codes, block_scale = flat_blocks(m.codes, m.group_scale)
     histogram = magnitude_histogram(block_codes)
-    for method in (ScaleMethod.INT4_AWARE, ScaleMethod.SWEEP):
-        chosen, _, _ = search_block_scales(m, t, method)
-        chosen_err = candidate_errors(histogram, block_scale, e4m3_bits(chosen).reshape(1, -1), t)
-        amax_err = candidate_errors(histogram, block_scale, amax_block_bits(block_codes, block_scale, t), t)
+    amax_bits = model_optimizer_bits(block_max_code(block_codes), block_scale, t).unsqueeze(0)
+    amax_err = candidate_errors(histogram, block_scale, amax_bits, t)
+    for method in SEARCHED:
+        chosen_err = candidate_errors(histogram, block_scale, _search_bits(m, t, method).reshape(1, -1), t)
         assert (chosen_err <= amax_err).all()
 
 
@@ -147,7 +154,7 @@ def test_zero_matrix_and_zero_blocks():
     codes = torch.zeros(4, 64, dtype=torch.int8)
     codes[0, 40] = 3
     m = Int4Matrix(codes, torch.ones(4, 2))
-    for method in ALL_METHODS:
+    for method in WEIGHT_ONLY:
         (q,) = quantize_int4_matrices([m], method)
         assert (q.weight_scale.float()[1:] == 1.0).all()
         assert error_stats(m, q).exact_fraction == 1.0
@@ -155,31 +162,12 @@ def test_zero_matrix_and_zero_blocks():
         assert (dequantize_nvfp4(z) == 0).all()
 
 
-def test_error_table_is_bit_identical_to_direct_block_errors():
-    from kimi_nvfp4.numerics.methods.block_search import ErrorTable, block_max_code
-    from kimi_nvfp4.numerics.methods.candidates import (
-        all_positive_bits,
-        int4_aware_bits,
-    )
-
-    m = realistic_int4(16, 256, seed=9, row_spread=2.0)
-    t = torch.tensor(2.0**-9)
-    block_codes, block_scale = flat_blocks(m.codes, m.group_scale)
-    histogram = magnitude_histogram(block_codes)
-    table = ErrorTable(m.group_scale, t)
-    index = table.block_scale_index(0, 16)
-    for bits in (int4_aware_bits(block_max_code(block_codes), block_scale, t), all_positive_bits(len(block_scale), "cpu")):
-        assert torch.equal(table.errors(histogram, index, bits), candidate_errors(histogram, block_scale, bits, t))
-
-
 def test_sweep_matches_a_slow_elementwise_reference():
     """The fast path (histograms, error table) against quantize/dequantize of every candidate scale."""
-    from kimi_nvfp4.numerics.methods.quantize import shared_tensor_scale
-
     m = realistic_int4(4, 64, seed=11, row_spread=1.0)
-    t = shared_tensor_scale([m], ScaleMethod.SWEEP)
+    t = power_of_two_tensor_scale(m.amax(), method_spec("sweep").search.tensor_scale_headroom)
     values = m.values()
-    chosen, _, _ = search_block_scales(m, t, ScaleMethod.SWEEP)
+    chosen = _search_bits(m, t, ScaleMethod.SWEEP)
     per_candidate = []
     for bits in range(1, 127):
         scale = torch.full((4, 4), bits, dtype=torch.uint8).view(torch.float8_e4m3fn)
@@ -187,7 +175,7 @@ def test_sweep_matches_a_slow_elementwise_reference():
         per_candidate.append((deq - values).double().square().reshape(4, 4, 16).sum(-1))
     errors = torch.stack(per_candidate)  # [126, 4, 4]
     best = errors.amin(0)
-    got = torch.gather(errors, 0, (chosen.view(torch.uint8).long() - 1).unsqueeze(0)).squeeze(0)
+    got = torch.gather(errors, 0, (chosen.long() - 1).unsqueeze(0)).squeeze(0)
     assert torch.allclose(got, best, rtol=1e-6, atol=0)
 
 
@@ -206,24 +194,9 @@ def test_never_worse_than_amax_on_random_matrices(seed, scale_spread, max_code, 
     m = Int4Matrix(codes, scale)
     (amax,) = quantize_int4_matrices([m], ScaleMethod.AMAX)
     baseline = error_stats(m, amax).sum_squared_error
-    for method in (ScaleMethod.INT4_AWARE, ScaleMethod.SWEEP):
+    for method in SEARCHED:
         (q,) = quantize_int4_matrices([m], method)
         assert error_stats(m, q).sum_squared_error <= baseline * (1 + 1e-6)
-
-
-def test_distinct_sorted_equals_torch_unique_for_bf16_scales_and_falls_back_otherwise():
-    from kimi_nvfp4.numerics.methods.block_search import distinct_sorted
-
-    gen = torch.Generator().manual_seed(4)
-    bf16 = (torch.rand(300, 7, generator=gen) * 3).to(torch.bfloat16).to(torch.float32)
-    bf16[0, :3] = torch.tensor([0.0, 2.0**-133, 3.0e38]).to(torch.bfloat16).to(torch.float32)  # zero, subnormal, huge
-    not_bf16 = torch.rand(50, generator=gen) + 1e-3
-    with_inf = torch.tensor([1.0, float("inf"), 0.5])
-    for values in (bf16, not_bf16, with_inf):
-        distinct, inverse = distinct_sorted(values)
-        ref_distinct, ref_inverse = torch.unique(values.reshape(-1), sorted=True, return_inverse=True)
-        assert torch.equal(distinct, ref_distinct)
-        assert inverse.dtype == torch.int32 and torch.equal(inverse.long(), ref_inverse)
 
 
 def test_error_stats_over_several_row_chunks_match_a_direct_computation():

@@ -13,7 +13,7 @@ import hashlib
 import pytest
 import torch
 
-from kimi_nvfp4.numerics.methods import Int4Matrix, ScaleMethod, quantize_int4_matrices
+from kimi_nvfp4.numerics.methods import Int4Matrix, ScaleMethod, SearchPath, quantize_int4_matrices
 
 from .conftest import realistic_int4
 
@@ -46,25 +46,29 @@ def scale_groups() -> list[list[Int4Matrix]]:
     ]
 
 
-def digest(method: ScaleMethod, groups: list[list[Int4Matrix]]) -> str:
+def digest(method: ScaleMethod, groups: list[list[Int4Matrix]], path: SearchPath | None = None) -> str:
     d = hashlib.sha256()
     for mats in groups:
-        for q in quantize_int4_matrices(mats, method):
+        for q in quantize_int4_matrices(mats, method, path=path):
             for t in (q.weight, q.weight_scale.view(torch.uint8), q.weight_scale_2.reshape(1).view(torch.uint8)):
                 d.update(t.cpu().contiguous().numpy().tobytes())
     return d.hexdigest()
 
 
-@pytest.mark.parametrize("method", list(ScaleMethod), ids=lambda m: m.value)
-def test_quantize_int4_matrices_bytes_are_pinned(method):
-    assert digest(method, scale_groups()) == PINNED_SHA256[method]
+@pytest.mark.parametrize("path", [None, SearchPath.REFERENCE], ids=["default-path", "reference"])
+@pytest.mark.parametrize("method", list(PINNED_SHA256), ids=lambda m: m.value)
+def test_quantize_int4_matrices_bytes_are_pinned(method, path):
+    """On the CPU the default path is the byte tables; the reference path must give the same bytes."""
+    assert digest(method, scale_groups(), path) == PINNED_SHA256[method]
 
 
-@pytest.mark.parametrize("method", list(ScaleMethod), ids=lambda m: m.value)
+@pytest.mark.parametrize("method", list(PINNED_SHA256), ids=lambda m: m.value)
 def test_row_steps_do_not_change_the_bytes(method, monkeypatch):
     """Many small steps (as for K2.6-sized matrices) give the pinned bytes of one big step."""
-    import kimi_nvfp4.numerics.methods.quantize as quantize_module
+    import kimi_nvfp4.numerics.methods.search.encode as encode_module
+    import kimi_nvfp4.numerics.methods.search.reference as reference_module
 
-    monkeypatch.setattr(quantize_module, "_ENCODE_STEP_ELEMENTS", {"cpu": 7 * 1024})
-    monkeypatch.setattr(quantize_module, "_WORK_ELEMENTS", {"cpu": 5 * 64 * 126 * 8})
-    assert digest(method, scale_groups()) == PINNED_SHA256[method]
+    monkeypatch.setattr(encode_module, "_ENCODE_STEP_ELEMENTS", {"cpu": 7 * 1024})
+    monkeypatch.setattr(reference_module, "_WORK_ELEMENTS", {"cpu": 5 * 64 * 126 * 8})
+    for path in (None, SearchPath.REFERENCE):
+        assert digest(method, scale_groups(), path) == PINNED_SHA256[method]

@@ -1,6 +1,6 @@
-"""Checks of the fused Triton kernels against the torch path, shared by the GPU tests and the CPU interpreter run.
+"""Checks of the fused Triton kernels against the reference, shared by the GPU tests and the CPU interpreter run.
 
-Not a test module itself: `test_triton_search.py` calls these on CUDA, and runs this file as a script under
+Not a test module itself: `test_triton_kernels.py` calls these on CUDA, and runs this file as a script under
 `TRITON_INTERPRET=1` (Triton's CPU interpreter, numpy arithmetic) where Triton is installed. The interpreter
 checks the kernels' logic; only the CUDA run checks their compiled arithmetic (no fused multiply-add).
 """
@@ -12,15 +12,24 @@ import sys
 import torch
 
 from kimi_nvfp4.numerics.e4m3 import e4m3_bits, e4m3_from_bits, e4m3_positive_values, round_block_scale_to_e4m3
-from kimi_nvfp4.numerics.methods import Int4Matrix, ScaleMethod
-from kimi_nvfp4.numerics.methods.quantize import (
-    _encode_rows,
-    _quantize_amax,
+from kimi_nvfp4.numerics.methods import Int4Matrix
+from kimi_nvfp4.numerics.methods.catalog.int4_aware import INT4_AWARE_RULE
+from kimi_nvfp4.numerics.methods.search.encode import encode_rows
+from kimi_nvfp4.numerics.methods.search.reference import model_optimizer_block_bits, search_reference
+from kimi_nvfp4.numerics.methods.search.rule import (
+    AlignedTarget,
+    AmaxFractionTarget,
+    CandidateRule,
     power_of_two_tensor_scale,
-    search_block_bits,
 )
 from kimi_nvfp4.numerics.methods.stats import error_sums
 from kimi_nvfp4.numerics.nvfp4 import NVFP4Tensor, tensor_scales_from_amax
+
+# Another rule of the kernel's shape (other divisors, offsets, aligned threshold): the kernel must follow the data.
+OTHER_RULE = CandidateRule(
+    fractions=(AmaxFractionTarget(divisor=6.0, lowest=-1, highest=2), AmaxFractionTarget(divisor=3.0, lowest=0, highest=0)),
+    aligned=AlignedTarget(wide_from_code=6, wide_multiple=2.0, lowest=0, highest=1),
+)
 
 
 def edge_matrices() -> list[Int4Matrix]:
@@ -44,41 +53,39 @@ def edge_matrices() -> list[Int4Matrix]:
     return mats
 
 
+def _check_search(kernels, m: Int4Matrix, rule: CandidateRule, scale_2: torch.Tensor, base2: torch.Tensor):
+    ref = search_reference(m, scale_2, base2, rule)
+    got = kernels.search_blocks(m.codes, m.group_scale, scale_2, base2, rule)
+    assert torch.equal(got.chosen_bits, ref.chosen_bits), "chosen block scales differ"
+    assert torch.equal(got.baseline_bits, ref.baseline_bits), "Model Optimizer's block scales differ"
+    for a, b in ((got.chosen_error, ref.chosen_error), (got.baseline_error, ref.baseline_error)):
+        assert abs(float(a) - float(b)) <= 1e-9 * max(1.0, abs(float(b))), "error totals differ"
+    return got
+
+
 def check_search_and_encode(device: str) -> int:
-    """Kernels == torch per-block search and row encode, for both fallback choices. Returns matrices checked."""
-    from kimi_nvfp4.numerics.methods import triton_search
+    """Kernels == the reference search and row encode, under both tensor scales. Returns matrices checked."""
+    from kimi_nvfp4.numerics.methods.search import triton_kernels as kernels
 
     checked = 0
-    for m in edge_matrices():
+    for i, m in enumerate(edge_matrices()):
         m = m.to(device)
         amax = m.amax()
-        ws2, base2 = power_of_two_tensor_scale(amax), tensor_scales_from_amax(amax)
+        ws2 = power_of_two_tensor_scale(amax, INT4_AWARE_RULE.tensor_scale_headroom)
+        base2 = tensor_scales_from_amax(amax)
         for scale_2 in (ws2, base2 * 3):  # a power of two, and a tensor scale that is not one
-            ref = search_block_bits(m, scale_2, ScaleMethod.INT4_AWARE, base2, per_block=True)
-            got = triton_search.search_blocks(m.codes, m.group_scale, scale_2, base2)
-            assert torch.equal(got[0], ref[0]), "chosen block scales differ"
-            assert torch.equal(got[1], ref[1]), "Model Optimizer's block scales differ"
-            for a, b in ((got[2], ref[2]), (got[3], ref[3])):
-                assert abs(float(a) - float(b)) <= 1e-9 * max(1.0, abs(float(b))), "error totals differ"
-            for fallback in (False, True):
-                flag = torch.tensor(fallback, device=device)
-                packed, bits, row = triton_search.encode_blocks(
-                    m.codes, m.group_scale, got[0], got[1], scale_2, base2, flag, stats=True
-                )
-                want_bits = got[1] if fallback else got[0]
-                final_scale_2 = base2 if fallback else scale_2
-                want = _encode_rows(m, e4m3_from_bits(want_bits), final_scale_2)
-                assert torch.equal(bits, want_bits), "final block scales differ"
+            got = _check_search(kernels, m, INT4_AWARE_RULE, scale_2, base2)
+            for bits, final_scale_2 in ((got.chosen_bits, scale_2), (got.baseline_bits, base2)):
+                packed, row = kernels.encode_blocks(m.codes, m.group_scale, bits, final_scale_2, stats=True)
+                want = encode_rows(m, bits, final_scale_2)
                 assert torch.equal(packed, want), "packed E2M1 codes differ"
-                check_stats(row, error_sums(m, NVFP4Tensor(want, e4m3_from_bits(want_bits), final_scale_2)))
+                check_stats(row, error_sums(m, NVFP4Tensor(want, e4m3_from_bits(bits), final_scale_2)))
             checked += 1
-        # amax: the search kernel without candidates, encoded as a fallen-back group.
-        none, amax_bits, _, _ = triton_search.search_blocks(m.codes, m.group_scale, ws2, base2, search=False)
-        flag = torch.tensor(True, device=device)
-        packed, bits, _ = triton_search.encode_blocks(m.codes, m.group_scale, amax_bits, amax_bits, ws2, base2, flag)
-        want = _quantize_amax(m, base2)
-        assert none is None
-        assert torch.equal(packed, want.weight) and torch.equal(bits, want.weight_scale.view(torch.uint8)), "amax differs"
+        if i < 2:
+            _check_search(kernels, m, OTHER_RULE, ws2, base2)
+        # amax: the search kernel without candidates.
+        bits = kernels.model_optimizer_bits(m.codes, m.group_scale, base2)
+        assert torch.equal(bits, model_optimizer_block_bits(m, base2)), "amax block scales differ"
     return checked
 
 
@@ -104,15 +111,15 @@ def e4m3_rounding_inputs() -> torch.Tensor:
 
 def check_e4m3_rounding(device: str) -> int:
     """The kernels' bit-level E4M3 rounding == torch's clamp + cast."""
-    from kimi_nvfp4.numerics.methods import triton_search
+    from kimi_nvfp4.numerics.methods.search import triton_kernels as kernels
 
     x = e4m3_rounding_inputs().to(device)
     want = e4m3_bits(round_block_scale_to_e4m3(x))
-    got = triton_search.e4m3_bits_of(x)
+    got = kernels.e4m3_bits_of(x)
     assert torch.equal(got, want), f"{int((got != want).sum())} E4M3 roundings differ"
     return x.numel()
 
 
-if __name__ == "__main__":  # under TRITON_INTERPRET=1, from test_triton_search.py
+if __name__ == "__main__":  # under TRITON_INTERPRET=1, from test_triton_kernels.py
     print(check_e4m3_rounding("cpu"), check_search_and_encode("cpu"))
     sys.exit(0)

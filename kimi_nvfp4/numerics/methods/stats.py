@@ -8,8 +8,8 @@ import torch
 
 from ..constants import INT4_GROUP_SIZE
 from ..nvfp4 import NVFP4Tensor, dequantize_nvfp4
-from .lut import code_bytes, group_code_squares, lut_eligible
-from .types import Int4Matrix
+from .int4_matrix import Int4Matrix
+from .search.cpu_tables import code_bytes, cpu_tables_apply, group_code_squares
 
 __all__ = ["MatrixErrorStats", "error_stats", "error_sums", "stats_from_sums"]
 
@@ -123,7 +123,7 @@ def error_sums(m: Int4Matrix, q: NVFP4Tensor) -> torch.Tensor:
     rows = m.shape[0]
     budget = _STATS_STEP_ELEMENTS.get(m.device.type, _STATS_STEP_ELEMENTS["cpu"])
     step = max(1, budget // max(1, m.shape[1]))
-    source = code_bytes(m) if lut_eligible(m) else None
+    source = code_bytes(m) if cpu_tables_apply(m) else None
     wide = None
     if m.device.type == "cpu":
         wide = torch.empty(min(rows, step) * m.shape[1], dtype=torch.float64)

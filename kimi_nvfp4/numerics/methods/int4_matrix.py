@@ -1,10 +1,9 @@
-"""The inputs of scale selection: INT4 matrices as the source checkpoint stores them, and method names."""
+"""The input of scale selection: an INT4 matrix as the source checkpoint stores it."""
 
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from enum import Enum
 
 import torch
 
@@ -18,15 +17,7 @@ from ..constants import (
 )
 from ..int4 import unpack_int4
 
-__all__ = ["Int4Matrix", "ScaleMethod", "unpack_int4_bytes"]
-
-
-class ScaleMethod(str, Enum):
-    """How NVFP4 block scales (and the tensor scale) are chosen for an INT4 source matrix."""
-
-    AMAX = "amax"  # Model Optimizer's rule on the dequantized values, bit-identical to NVFP4QTensor.quantize
-    INT4_AWARE = "int4-aware"  # few candidates per block derived from the INT4 codes and group scale
-    SWEEP = "sweep"  # all 126 positive E4M3 block scales per block (quality reference)
+__all__ = ["Int4Matrix", "unpack_int4_bytes"]
 
 
 _NIBBLE_MASK = 0xF
@@ -60,7 +51,7 @@ class Int4Matrix:
     codes: torch.Tensor  # int8 [out, in], values in [-8, 7]
     group_scale: torch.Tensor  # float32 [out, in/32] (bf16 values widened)
     # uint8 [out, in/2], `q + 8` per nibble, even column low: the source words' bytes when read on the CPU
-    # (`from_packed`), else packed on first use by the CPU's byte-lookup paths (`methods/lut.py`).
+    # (`from_packed`), else packed on first use by the CPU's byte-lookup paths (`search/cpu_tables.py`).
     packed_bytes: torch.Tensor | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -1,4 +1,4 @@
-"""Byte lookups over the packed INT4 source: the CPU's fast path for histograms, block maxima and encoding.
+"""Byte lookups over the packed INT4 source: the CPU's facts per block (histograms, largest |code|, keys) and encode.
 
 compressed-tensors packs `q + 8` per nibble, and a little-endian int32 word's byte m holds columns 8j+2m (low
 nibble) and 8j+2m+1 (high nibble): the same pairing as an NVFP4 byte (even column low). A 16-block is 8 such
@@ -12,7 +12,8 @@ bytes inside one INT4 group, so every value in it is `q * s` with one group scal
 * **Histograms** of |q| = 1..8 per block are sums of four 16-bit lookups (four codes each) of packed byte
   fields (a count is at most 16, so fields never carry); the largest |q| is the highest non-zero field.
 
-Everything here runs on the CPU; other devices keep the elementwise paths (they gain nothing from gathers).
+Everything here runs on the CPU (`cpu_tables_apply`); other devices keep the elementwise paths (they gain
+nothing from gathers). The searches over these keys are in `cpu_search.py`.
 """
 
 from __future__ import annotations
@@ -22,19 +23,18 @@ from dataclasses import dataclass
 
 import torch
 
-from ..constants import INT4_GROUP_SIZE, INT4_MIN, INT4_OFFSET, NVFP4_BLOCK_SIZE
-from ..e2m1 import encode_e2m1
-from ..e4m3 import e4m3_bits_to_fp32
-from .types import Int4Matrix
+from ...constants import INT4_GROUP_SIZE, INT4_MIN, INT4_OFFSET, NVFP4_BLOCK_SIZE
+from ...e2m1 import encode_e2m1
+from ...e4m3 import e4m3_bits_to_fp32
+from ..int4_matrix import Int4Matrix
 
 __all__ = [
     "KEY_CLASSES",
     "BlockKeys",
-    "block_scale_ids",
     "code_bytes",
+    "cpu_tables_apply",
     "encode_blocks",
     "group_code_squares",
-    "lut_eligible",
     "scale_ids",
 ]
 
@@ -49,7 +49,7 @@ _KEY_STEP_BLOCKS = 1 << 16
 _ENCODE_STEP_BYTES = 1 << 18
 
 
-def lut_eligible(m: Int4Matrix) -> bool:
+def cpu_tables_apply(m: Int4Matrix) -> bool:
     """The byte-lookup paths apply: a CPU matrix on a little-endian host, codes in [-8, 7], finite scales.
 
     Anything else keeps the reference path (non-finite scales propagate per element there, e.g. `0 * inf`).
@@ -128,7 +128,7 @@ def scale_ids(group_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return values, ids.to(torch.int32).reshape(group_scale.shape)
 
 
-def block_scale_ids(m: Int4Matrix) -> tuple[torch.Tensor, torch.Tensor]:
+def _block_scale_ids(m: Int4Matrix) -> tuple[torch.Tensor, torch.Tensor]:
     """(distinct group scales `[U]`, int32 `[out, in/16]` index of each block's group scale)."""
     values, ids = scale_ids(m.group_scale)
     return values, ids.repeat_interleave(_BLOCKS_PER_GROUP, dim=1)
@@ -151,7 +151,7 @@ class BlockKeys:
 
     @classmethod
     def of(cls, m: Int4Matrix) -> BlockKeys:
-        values, block_id = block_scale_ids(m)
+        values, block_id = _block_scale_ids(m)
         source, table = code_bytes(m).view(-1, _BYTES_PER_BLOCK), _histogram_table(m.device)
         histogram = torch.empty(source.shape[0], dtype=torch.int64)
         max_code = torch.empty(source.shape[0], dtype=torch.int32)

@@ -1,13 +1,12 @@
-"""The CPU's byte-lookup paths (`methods/lut.py`, `methods/lut_search.py`, the stats and dequantize lookups)
-against the elementwise reference paths they replace: every result must be bit-identical."""
+"""The CPU's byte-lookup paths (`search/cpu_tables.py`, `search/cpu_search.py`, `search/scale_table.py`, the stats
+and dequantize lookups) against the elementwise reference they replace: every result must be bit-identical."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-import kimi_nvfp4.numerics.methods.lut_search as lut_search_module
-import kimi_nvfp4.numerics.methods.quantize as quantize_module
+import kimi_nvfp4.numerics.methods.search.cpu_search as cpu_search_module
 import kimi_nvfp4.numerics.methods.stats as stats_module
 from kimi_nvfp4.numerics.e2m1 import (
     decode_e2m1,
@@ -16,24 +15,28 @@ from kimi_nvfp4.numerics.e2m1 import (
     unpack_e2m1,
 )
 from kimi_nvfp4.numerics.int4 import pack_int4
-from kimi_nvfp4.numerics.methods import Int4Matrix, ScaleMethod, quantize_int4_matrices
-from kimi_nvfp4.numerics.methods.block_search import (
-    block_max_code,
-    flat_blocks,
-    magnitude_histogram,
-)
-from kimi_nvfp4.numerics.methods.lut import (
+from kimi_nvfp4.numerics.methods import Int4Matrix, ScaleMethod, SearchPath, quantize_int4_matrices
+from kimi_nvfp4.numerics.methods.catalog.int4_aware import INT4_AWARE_RULE
+from kimi_nvfp4.numerics.methods.search.cpu_search import KeyTable, key_bits
+from kimi_nvfp4.numerics.methods.search.cpu_tables import (
     BlockKeys,
     code_bytes,
+    cpu_tables_apply,
     encode_blocks,
     group_code_squares,
-    lut_eligible,
     scale_ids,
 )
-from kimi_nvfp4.numerics.methods.quantize import (
-    power_of_two_tensor_scale,
-    search_block_bits,
+from kimi_nvfp4.numerics.methods.search.reference import (
+    block_max_code,
+    candidate_errors,
+    error_total_rows,
+    flat_blocks,
+    magnitude_histogram,
+    model_optimizer_block_bits,
+    search_reference,
 )
+from kimi_nvfp4.numerics.methods.search.rule import EveryE4M3Scale, power_of_two_tensor_scale
+from kimi_nvfp4.numerics.methods.search.scale_table import ScaleTable, search_by_scale_table
 from kimi_nvfp4.numerics.methods.stats import error_sums
 from kimi_nvfp4.numerics.nvfp4 import (
     NVFP4Tensor,
@@ -93,10 +96,10 @@ def matrix(request) -> Int4Matrix:
 @pytest.fixture
 def small_steps(monkeypatch):
     """Many partial steps in every stepped loop."""
-    import kimi_nvfp4.numerics.methods.lut as lut_module
+    import kimi_nvfp4.numerics.methods.search.cpu_tables as cpu_tables_module
 
-    monkeypatch.setattr(lut_search_module, "_BLOCKS_PER_STEP", 100)
-    monkeypatch.setattr(lut_module, "_ENCODE_STEP_BYTES", 1000)
+    monkeypatch.setattr(cpu_search_module, "_BLOCKS_PER_STEP", 100)
+    monkeypatch.setattr(cpu_tables_module, "_ENCODE_STEP_BYTES", 1000)
     monkeypatch.setattr(stats_module, "_CPU_DIFF_STEP_ELEMENTS", 3000)
     monkeypatch.setattr(stats_module, "_STATS_STEP_ELEMENTS", {"cpu": 20000})
 
@@ -117,12 +120,12 @@ def test_code_bytes_are_the_packed_words_bytes(matrix):
 
 def test_out_of_range_codes_and_bad_scales_keep_the_reference_path():
     m = realistic_int4(4, 64)
-    assert lut_eligible(m)
-    assert not lut_eligible(Int4Matrix(m.codes * 2, m.group_scale))  # codes beyond [-8, 7]: no nibble holds them
+    assert cpu_tables_apply(m)
+    assert not cpu_tables_apply(Int4Matrix(m.codes * 2, m.group_scale))  # codes beyond [-8, 7]: no nibble holds them
     for bad in (float("nan"), float("inf")):
         scale = m.group_scale.clone()
         scale[0, 0] = bad
-        assert not lut_eligible(Int4Matrix(m.codes, scale))
+        assert not cpu_tables_apply(Int4Matrix(m.codes, scale))
 
 
 def test_scale_ids_map_back_to_the_exact_scales(matrix):
@@ -156,17 +159,46 @@ def test_encode_by_lookup_is_encode_with_block_scales_for_any_block_scale(matrix
         assert torch.equal(ours, theirs)
 
 
+def _same_search(ours, theirs) -> None:
+    assert torch.equal(ours.chosen_bits, theirs.chosen_bits)
+    assert torch.equal(ours.baseline_bits, theirs.baseline_bits)
+    for a, b in ((ours.chosen_error, theirs.chosen_error), (ours.baseline_error, theirs.baseline_error)):
+        assert torch.equal(a.nan_to_num(-1.0), b.nan_to_num(-1.0))  # bit for bit (NaN once squares overflow)
+
+
 @pytest.mark.usefixtures("small_steps")
-def test_search_by_key_matches_the_per_block_search(matrix):
+def test_key_table_search_matches_the_reference(matrix):
     amax = matrix.amax()
-    weight_scale_2, baseline_scale_2 = power_of_two_tensor_scale(amax), tensor_scale_from_amax(amax)
-    for baseline in (baseline_scale_2, None):
-        ours = search_block_bits(matrix, weight_scale_2, ScaleMethod.INT4_AWARE, baseline)
-        theirs = search_block_bits(matrix, weight_scale_2, ScaleMethod.INT4_AWARE, baseline, per_block=True)
-        assert torch.equal(ours[0], theirs[0])
-        assert (ours[1] is None and theirs[1] is None) or torch.equal(ours[1], theirs[1])
-        for a, b in zip(ours[2:], theirs[2:]):  # error totals, bit for bit (NaN once squares overflow)
-            assert torch.equal(a.nan_to_num(-1.0), b.nan_to_num(-1.0))
+    weight_scale_2 = power_of_two_tensor_scale(amax, INT4_AWARE_RULE.tensor_scale_headroom)
+    baseline_scale_2 = tensor_scale_from_amax(amax)
+    keys = BlockKeys.of(matrix)
+    table = KeyTable(keys.values, INT4_AWARE_RULE, weight_scale_2, baseline_scale_2)
+    reference = search_reference(matrix, weight_scale_2, baseline_scale_2, INT4_AWARE_RULE)
+    if table.usable():
+        _same_search(table.search(keys, error_total_rows(matrix, INT4_AWARE_RULE.count)), reference)
+    _same_search(search_by_scale_table(matrix, keys, weight_scale_2, baseline_scale_2, INT4_AWARE_RULE), reference)
+
+
+def test_scale_table_search_matches_the_reference_for_the_sweep():
+    matrix = MATRICES["edge"]()
+    amax = matrix.amax()
+    weight_scale_2, baseline_scale_2 = torch.tensor(2.0**-9), tensor_scale_from_amax(amax)
+    reference = search_reference(matrix, weight_scale_2, baseline_scale_2, EveryE4M3Scale())
+    keys = BlockKeys.of(matrix)
+    _same_search(search_by_scale_table(matrix, keys, weight_scale_2, baseline_scale_2, EveryE4M3Scale()), reference)
+
+
+def test_scale_table_errors_are_the_per_block_errors():
+    m = realistic_int4(16, 256, seed=9, row_spread=2.0)
+    t = torch.tensor(2.0**-9)
+    block_codes, block_scale = flat_blocks(m.codes, m.group_scale)
+    histogram = magnitude_histogram(block_codes)
+    keys = BlockKeys.of(m)
+    table = ScaleTable(keys.values, t)
+    rule_bits = INT4_AWARE_RULE.bits(block_max_code(block_codes), block_scale, t)
+    for bits in (rule_bits, EveryE4M3Scale().bits(block_max_code(block_codes), block_scale, t)):
+        ours = table.errors(histogram.t(), keys.block_id.reshape(-1), bits)
+        assert torch.equal(ours, candidate_errors(histogram, block_scale, bits, t))
 
 
 def test_the_key_table_refuses_errors_that_could_overflow():
@@ -175,26 +207,29 @@ def test_the_key_table_refuses_errors_that_could_overflow():
         m = MATRICES[name]()
         amax = m.amax()
         keys = BlockKeys.of(m)
-        scales_2 = power_of_two_tensor_scale(amax), tensor_scale_from_amax(amax)
-        tables[name] = lut_search_module.KeyTable(keys.values, *scales_2)
+        scales_2 = power_of_two_tensor_scale(amax, INT4_AWARE_RULE.tensor_scale_headroom), tensor_scale_from_amax(amax)
+        tables[name] = KeyTable(keys.values, INT4_AWARE_RULE, *scales_2)
     assert tables["edge"].usable() and not tables["overflowing"].usable()
 
 
-def test_amax_by_lookup_is_quantize_nvfp4_on_the_values(matrix):
+def test_model_optimizer_bits_by_key_and_encode_by_lookup_are_quantize_nvfp4(matrix):
+    keys = BlockKeys.of(matrix)
     for weight_scale_2 in (tensor_scale_from_amax(matrix.amax()), torch.tensor(2.0**-10)):
         reference = quantize_nvfp4(matrix.values(), weight_scale_2)
-        _same_tensors(quantize_module._quantize_amax(matrix, weight_scale_2), reference)
+        bits = key_bits(keys, weight_scale_2)
+        assert torch.equal(bits, model_optimizer_block_bits(matrix, weight_scale_2))
+        assert torch.equal(bits, reference.weight_scale.view(torch.uint8))
+        packed = encode_blocks(code_bytes(matrix), keys.values, keys.block_id, bits, weight_scale_2)
+        assert torch.equal(packed, reference.weight)
 
 
-@pytest.mark.parametrize("method", list(ScaleMethod), ids=lambda m: m.value)
-def test_quantize_int4_matrices_equals_the_reference_paths(method, monkeypatch):
+@pytest.mark.parametrize("method", [ScaleMethod.AMAX, ScaleMethod.INT4_AWARE, ScaleMethod.SWEEP], ids=lambda m: m.value)
+def test_quantize_int4_matrices_equals_the_reference_path(method):
     groups = [[edge_matrix(7), realistic_int4(48, 512, seed=8)], [edge_matrix(9, scales="fp32")], [edge_matrix(10)]]
-    ours = [quantize_int4_matrices(g, method) for g in groups]
-    with monkeypatch.context() as patch:
-        patch.setattr(quantize_module, "lut_eligible", lambda m: False)
-        theirs = [quantize_int4_matrices([Int4Matrix(m.codes, m.group_scale) for m in g], method) for g in groups]
-    for a, b in zip(ours, theirs):
-        for x, y in zip(a, b):
+    for g in groups:
+        ours = quantize_int4_matrices(g, method)
+        theirs = quantize_int4_matrices([Int4Matrix(m.codes, m.group_scale) for m in g], method, path=SearchPath.REFERENCE)
+        for x, y in zip(ours, theirs):
             _same_tensors(x, y)
 
 

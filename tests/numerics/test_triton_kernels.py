@@ -1,4 +1,4 @@
-"""The fused Triton kernels (`numerics.methods.triton_search`) give the torch path's bytes.
+"""The fused Triton kernels (`numerics.methods.search.triton_kernels`) give the reference's bytes.
 
 On CUDA (the H200 run) the compiled kernels are checked, and the whole CUDA conversion against the CPU's. Where
 Triton is installed without a GPU, its CPU interpreter checks the kernels' logic in a child process (the
@@ -16,16 +16,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from kimi_nvfp4.numerics.methods import ScaleMethod, quantize_int4_matrices
-from kimi_nvfp4.numerics.methods.batch import _fused_kernels, quantize_int4_groups
+from kimi_nvfp4.numerics.methods import ScaleMethod, SearchPath, method_spec, quantize_int4_groups, quantize_int4_matrices
+from kimi_nvfp4.numerics.methods.catalog.int4_aware import INT4_AWARE_RULE
+from kimi_nvfp4.numerics.methods.search.group import choose_path
+from kimi_nvfp4.numerics.methods.search.rule import AmaxFractionTarget, CandidateRule, EveryE4M3Scale
 
 from . import triton_checks
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
+requires_triton = pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed (it comes with CUDA builds of torch)")
 
 
-@pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed (it comes with CUDA builds of torch)")
-def test_kernels_match_torch_under_the_triton_interpreter():
+@requires_triton
+def test_kernels_match_the_reference_under_the_triton_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     run = subprocess.run(
         [sys.executable, "-m", "tests.numerics.triton_checks"], env=env, capture_output=True, text=True, timeout=600,
@@ -36,18 +39,25 @@ def test_kernels_match_torch_under_the_triton_interpreter():
     assert roundings > 20000 and matrices == 8
 
 
-def test_fused_kernels_serve_amax_and_int4_aware_on_cuda_only(monkeypatch):
-    assert _fused_kernels(torch.device("cpu"), ScaleMethod.INT4_AWARE) is None
-    assert _fused_kernels(torch.device("cpu"), ScaleMethod.AMAX) is None
-    assert _fused_kernels(torch.device("cuda"), ScaleMethod.SWEEP) is None
-    if HAS_TRITON:
-        assert _fused_kernels(torch.device("cuda"), ScaleMethod.AMAX) is not None
-    monkeypatch.setenv("KIMI_NVFP4_TRITON", "0")
-    assert _fused_kernels(torch.device("cuda"), ScaleMethod.INT4_AWARE) is None
+@requires_triton
+def test_kernel_constants_come_from_the_rule():
+    from kimi_nvfp4.numerics.methods.search import triton_kernels as kernels
+
+    constants = kernels.kernel_constants(INT4_AWARE_RULE)
+    first, second = INT4_AWARE_RULE.fractions
+    assert (constants["FIRST_DIVISOR"], constants["FIRST_LOWEST"], constants["FIRST_HIGHEST"]) == (6.0, 0, 1)
+    assert (constants["SECOND_DIVISOR"], constants["SECOND_LOWEST"], constants["SECOND_HIGHEST"]) == (4.0, -1, 1)
+    assert (constants["WIDE_FROM_CODE"], constants["WIDE_MULTIPLE"]) == (7, 2.0)
+    assert (constants["ALIGNED_LOWEST"], constants["ALIGNED_HIGHEST"]) == (-1, 0)
+    assert kernels.supports(None) and kernels.supports(INT4_AWARE_RULE) and kernels.supports(triton_checks.OTHER_RULE)
+    three = CandidateRule(INT4_AWARE_RULE.fractions + (AmaxFractionTarget(5.0, 0, 0),), INT4_AWARE_RULE.aligned)
+    assert not kernels.supports(EveryE4M3Scale()) and not kernels.supports(three)
+    with pytest.raises(ValueError):
+        kernels.kernel_constants(three)
 
 
 @pytest.mark.gpu
-def test_compiled_kernels_match_torch_on_cuda():
+def test_compiled_kernels_match_the_reference_on_cuda():
     assert HAS_TRITON, "CUDA builds of torch ship Triton"
     assert triton_checks.check_e4m3_rounding("cuda") > 20000
     assert triton_checks.check_search_and_encode("cuda") == 8
@@ -55,17 +65,17 @@ def test_compiled_kernels_match_torch_on_cuda():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("method", [ScaleMethod.AMAX, ScaleMethod.INT4_AWARE], ids=lambda m: m.value)
-def test_cuda_conversion_with_kernels_matches_cpu(monkeypatch, method):
-    assert _fused_kernels(torch.device("cuda"), method) is not None
+def test_cuda_conversion_with_kernels_matches_cpu(method):
     mats = triton_checks.edge_matrices()
     groups = [[mats[0], mats[0]], [mats[1]], [mats[2]], [mats[3]]]
+    on_cuda = [[m.to("cuda") for m in g] for g in groups]
+    assert choose_path(on_cuda[0], method_spec(method).search) is SearchPath.TRITON
     cpu = [quantize_int4_matrices(g, method) for g in groups]
-    cuda = quantize_int4_groups([[m.to("cuda") for m in g] for g in groups], method, record_stats=True)
+    cuda = quantize_int4_groups(on_cuda, method, record_stats=True)
     cpu_stats = quantize_int4_groups(groups, method, record_stats=True).stats
     for got, want in zip(cuda.stats.cpu(), cpu_stats):
         triton_checks.check_stats(got, want)
-    monkeypatch.setenv("KIMI_NVFP4_TRITON", "0")
-    torch_path = quantize_int4_groups([[m.to("cuda") for m in g] for g in groups], method)
+    torch_path = quantize_int4_groups(on_cuda, method, path=SearchPath.REFERENCE)
     for expected, got, other in zip(cpu, cuda.tensors, torch_path.tensors):
         for a, b, c in zip(expected, got, other):
             for x, y, z in ((a.weight, b.weight, c.weight), (a.weight_scale.view(torch.uint8),

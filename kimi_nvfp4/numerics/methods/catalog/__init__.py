@@ -1,0 +1,1 @@
+"""The scale methods, one module each; every module defines `METHOD = ScaleMethodSpec(...)` (see registry.py)."""
