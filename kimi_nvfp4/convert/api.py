@@ -19,7 +19,6 @@ import torch
 from tqdm.auto import tqdm
 
 from ..checkpoint.manifest import (
-    MANIFEST_NAME,
     ConversionManifest,
     ConversionSettings,
     ShardRecord,
@@ -32,7 +31,7 @@ from ..checkpoint.modelopt_config import (
     rewrite_config_for_nvfp4,
     summarize_exclude_modules,
 )
-from ..checkpoint.reader import CONFIG_NAME, INDEX_NAME
+from ..checkpoint.reader import CONFIG_NAME
 from ..checkpoint.writer import partial_path, write_index, write_json_atomic
 from ..errors import DeviceError, OutputError
 from ..numerics.methods import DEFAULT_METHOD, ScaleMethod
@@ -66,6 +65,7 @@ class ConversionSummary:
     max_shard_bytes: int  # largest source shard (tensor bytes), the unit of the memory bound
     # seconds per phase summed over the shard jobs of this run (job threads only; see convert/job.py)
     phase_seconds: dict[str, float] = field(default_factory=dict)
+    skipped_files: list[str] = field(default_factory=list)  # source files not copied, each with the reason
 
     @property
     def gb_per_s(self) -> float:
@@ -88,7 +88,7 @@ class ConversionSummary:
                 f"{self.int4_gb_per_s:.3f} GB/s INT4"
             ),
             f"output: {self.output}",
-        ]
+        ] + [f"not copied from the source: {f}" for f in self.skipped_files]
 
 
 def _sum_phases(results: list[ShardResult]) -> dict[str, float]:
@@ -115,10 +115,7 @@ def _finish(
     """Everything but the shards: copied files, quant configs, index, then the manifest marked complete."""
     exclude = summarize_exclude_modules(plan.bf16_linears, plan.quantized_modules)
     hf_quant_config, quantization_config = build_modelopt_quant_config(plan.layout, exclude, kv_cache_quant_algo)
-    ours = {CONFIG_NAME, HF_QUANT_CONFIG_NAME, INDEX_NAME, MANIFEST_NAME}
     for rel in plan.other_files:
-        if str(rel) in ours:
-            continue
         dst = output / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         tmp = partial_path(dst)
@@ -203,6 +200,7 @@ def convert_checkpoint(
         peak_tensor_bytes=max((r.peak_tensor_bytes for r in results), default=0),
         phase_seconds=_sum_phases(results),
         max_shard_bytes=max((j.input_bytes for j in plan.jobs), default=0),
+        skipped_files=[str(f) for f in plan.skipped_files],
     )
 
 

@@ -105,8 +105,7 @@ def publish_checkpoint(
     """
     root = Path(output)
     check_repo_id(repo_id)
-    readiness = check_publishable(root, force_unvalidated=force_unvalidated, report_dir=report_dir,
-                                  workers=workers, progress=progress)
+    readiness = check_publishable(root, force_unvalidated=force_unvalidated, workers=workers, progress=progress)
     reports = ReportSet.find(root, report_dir)
     card = build_model_card(root, repo_id, readiness, reports=reports, base_model=base_model)
     files = _planned_files(root, card)

@@ -22,6 +22,7 @@ from ..calibrate.device import resolve_device, synchronize
 from ..calibrate.pairing import require_converted, require_matching_source
 from ..calibrate.samples import DataPart, load_sample_set
 from ..checkpoint.reader import CheckpointReader
+from ..checkpoint.verdict import VERDICT_KEY, seal_verdict
 from ..errors import CheckpointError
 from ..model import Int4SourceWeights, LayerStreamRunner, NVFP4Weights
 from ..model.linear import ActivationMode
@@ -126,6 +127,7 @@ def _record_stage(output: Path, report: ValidationReport, report_dir: Path) -> N
             "passed": report.passed,
             "report": str(report_dir),
             "failed_gates": [g.name for g in report.failed_gates()],
+            VERDICT_KEY: report.verdict.model_dump(mode="json") if report.verdict is not None else None,
         },
     )
     save_manifest(output, manifest)
@@ -320,6 +322,7 @@ def validate_checkpoint(
         gates=gate_results,
         passed=all(g.passed for g in gate_results),
     )
+    report.verdict = seal_verdict(output, report, sample_set.sequences)
     write_validation_report(report, report_dir)
     if record_in_manifest:
         _record_stage(output, report, report_dir)
