@@ -18,13 +18,16 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from ..checkpoint.file_stamps import FileStamp, save_stamps
 from ..checkpoint.manifest import (
     ConversionManifest,
     ConversionSettings,
     ShardRecord,
+    conversion_sha256,
     current_boot_id,
     save_manifest,
 )
+from ..checkpoint.output_lock import output_lock
 from ..checkpoint.modelopt_config import (
     HF_QUANT_CONFIG_NAME,
     build_modelopt_quant_config,
@@ -36,7 +39,7 @@ from ..checkpoint.writer import partial_path, write_index, write_json_atomic
 from ..errors import DeviceError, OutputError
 from ..numerics.methods import DEFAULT_METHOD, ScaleMethod
 from .job import ShardResult, run_shard_job
-from .output import prepare_output
+from .output import OutputState, prepare_output
 from .plan import ConversionPlan, ShardJob, plan_conversion
 from .source import resolve_source, source_record
 
@@ -166,21 +169,19 @@ def convert_checkpoint(
         source=source_record(resolved, plan),
         settings=ConversionSettings(method=method.value, kv_cache_quant_algo=kv_cache_quant_algo),
     )
-    state = prepare_output(output, fresh, overwrite=overwrite)
-    manifest = state.manifest
-    todo = [job for job in plan.jobs if job.file not in state.finished]
     start = time.perf_counter()
-    results: list[ShardResult] = []
-    # A finished conversion is left untouched: calibrate may since have added input scales to its index.
-    if todo or not state.was_complete:
-        manifest.complete = False
-        manifest.boot_id = current_boot_id()
-        save_manifest(output, manifest, durable=fsync)
-        results = _run_jobs(
-            todo, plan, output, manifest, method=method, device=dev, workers=workers, progress=progress,
-            record_stats=record_stats, durable=fsync,
-        )
-        _finish(plan, output, manifest, kv_cache_quant_algo, durable=fsync)
+    with output_lock(output, "convert"):
+        state = prepare_output(output, fresh, overwrite=overwrite)
+        todo = [job for job in plan.jobs if job.file not in state.finished]
+        results: list[ShardResult] = []
+        # A finished conversion is left untouched: calibrate may since have added input scales to its index.
+        if todo or not state.was_complete:
+            record = _ShardRecorder(output, state, durable=fsync)
+            results = _run_jobs(
+                todo, plan, record, method=method, device=dev, workers=workers, progress=progress,
+                record_stats=record_stats,
+            )
+            _finish(plan, output, state.manifest, kv_cache_quant_algo, durable=fsync)
     seconds = time.perf_counter() - start
     return ConversionSummary(
         output=str(output),
@@ -204,18 +205,47 @@ def convert_checkpoint(
     )
 
 
+class _ShardRecorder:
+    """Records each finished shard (manifest entry, settings digest, file stamp) as soon as it is renamed into
+    place, so a killed run resumes after it. Thread-safe: jobs finish on pool threads."""
+
+    def __init__(self, output: Path, state: OutputState, *, durable: bool):
+        self.output = output
+        self.manifest = state.manifest
+        self.durable = durable
+        self.settings_sha256 = conversion_sha256(self.manifest.settings, self.manifest.source.fingerprint)
+        self.stamps = dict(state.stamps or {})
+        self.lock = threading.Lock()
+        self.manifest.complete = False
+        self.manifest.boot_id = current_boot_id()
+        save_manifest(output, self.manifest, durable=durable)
+
+    def __call__(self, result: ShardResult) -> None:
+        w = result.written
+        with self.lock:
+            self.manifest.shards[w.file] = ShardRecord(
+                file=w.file, sha256=w.sha256, bytes=w.bytes, tensors=w.tensors, durable=self.durable,
+                settings_sha256=self.settings_sha256,
+            )
+            self.manifest.tensor_stats.update(result.tensor_stats)
+            stamp = FileStamp.of(self.output / w.file)
+            if stamp is not None:
+                self.stamps[w.file] = stamp
+            # Stamps first: a stamp without a manifest record is ignored, a record without a stamp is re-hashed.
+            save_stamps(self.output, self.stamps, durable=self.durable)
+            save_manifest(self.output, self.manifest, durable=self.durable)
+
+
 def _run_jobs(
     jobs: list[ShardJob],
     plan: ConversionPlan,
-    output: Path,
-    manifest: ConversionManifest,
+    record: _ShardRecorder,
     *,
     method: ScaleMethod,
     device: torch.device,
     workers: int,
     progress: bool,
     record_stats: bool,
-    durable: bool = True,
 ) -> list[ShardResult]:
     """Run shard jobs; record each finished shard in the manifest as soon as it is renamed into place."""
     lock = threading.Lock()
@@ -239,20 +269,15 @@ def _run_jobs(
 
         try:
             result = run_shard_job(
-                job, plan.root, output, method=method, device=device, record_stats=record_stats, on_progress=advance,
-                durable=durable,
+                job, plan.root, record.output, method=method, device=device, record_stats=record_stats,
+                on_progress=advance, durable=record.durable,
             )
         finally:
             bar.close()
             with lock:
                 free_positions.append(position)
+        record(result)
         with lock:
-            w = result.written
-            manifest.shards[job.file] = ShardRecord(
-                file=w.file, sha256=w.sha256, bytes=w.bytes, tensors=w.tensors, durable=durable
-            )
-            manifest.tensor_stats.update(result.tensor_stats)
-            save_manifest(output, manifest, durable=durable)
             results[job.file] = result
         return result
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from ..checkpoint.output_lock import holds_output_lock
 from ..errors import KimiNvfp4Error
 from .config import PipelineConfig
 from .stage import Stage, StageContext, StageOutcome, settings_match
@@ -91,6 +92,7 @@ def run_stages(
     return summary
 
 
+@holds_output_lock("run", "output", create=True)  # held across every stage (checkpoint/output_lock.py)
 def run_pipeline(
     source: str | Path,
     output: str | Path,

@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from ..calibrate.device import resolve_device, synchronize
 from ..calibrate.pairing import require_converted, require_matching_source
 from ..calibrate.samples import DataPart, load_sample_set
+from ..checkpoint.output_lock import holds_output_lock
 from ..checkpoint.reader import CheckpointReader
 from ..checkpoint.verdict import VERDICT_KEY, seal_verdict
 from ..errors import CheckpointError
@@ -113,6 +114,12 @@ def evaluate_gates(
                 ),
             ]
     return gates
+
+
+def writes_into_checkpoint(arguments: dict) -> bool:
+    """Whether a validate call writes into the checkpoint folder (its manifest, or reports inside it)."""
+    output, report_dir = Path(arguments["output"]).resolve(), Path(arguments["report_dir"]).resolve()
+    return bool(arguments["record_in_manifest"]) or report_dir.is_relative_to(output)
 
 
 def _record_stage(output: Path, report: ValidationReport, report_dir: Path) -> None:
@@ -234,6 +241,7 @@ def compare_streams(
     return result
 
 
+@holds_output_lock("validate", "output", when=writes_into_checkpoint)  # checkpoint/output_lock.py
 def validate_checkpoint(
     output: str | Path,
     source: str | Path,
