@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import OutputError
+from .nesting import refuse_nested
 
 LOCK_NAME = ".kimi_nvfp4.lock"
 _HOLDER_MAX_BYTES = 4096
@@ -150,10 +151,17 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def holds_output_lock(
-    command: str, folder_arg: str, *, create: bool = False, when: Callable[[dict[str, Any]], bool] | None = None
+    command: str,
+    folder_arg: str,
+    *,
+    create: bool = False,
+    when: Callable[[dict[str, Any]], bool] | None = None,
+    source_arg: str | None = None,
 ) -> Callable[[F], F]:
     """Decorator: the stage function holds `output_lock(<its folder_arg argument>, command)` while it runs;
-    `when(arguments)` (all arguments by name, defaults applied) decides whether this call writes into the folder."""
+    `when(arguments)` (all arguments by name, defaults applied) decides whether this call writes into the folder.
+    `source_arg`: an argument naming the source; when it is a local folder, an output nested with it is refused
+    (`checkpoint/nesting.py`) before the folder or its lock file is created."""
 
     def wrap(fn: F) -> F:
         signature = inspect.signature(fn)
@@ -164,6 +172,9 @@ def holds_output_lock(
             bound.apply_defaults()
             if when is not None and not when(bound.arguments):
                 return fn(*args, **kwargs)
+            source = bound.arguments.get(source_arg) if source_arg else None
+            if source is not None and Path(source).is_dir():
+                refuse_nested(source, bound.arguments[folder_arg])
             with output_lock(bound.arguments[folder_arg], command, create=create):
                 return fn(*args, **kwargs)
 

@@ -27,6 +27,7 @@ from ..checkpoint.manifest import (
     current_boot_id,
     save_manifest,
 )
+from ..checkpoint.nesting import refuse_nested
 from ..checkpoint.output_lock import output_lock
 from ..checkpoint.modelopt_config import (
     HF_QUANT_CONFIG_NAME,
@@ -161,10 +162,10 @@ def convert_checkpoint(
         raise ValueError(f"workers must be >= 1, got {workers}")
     dev = resolve_device(device)
     resolved = resolve_source(source, revision)
+    output = Path(output).expanduser()
+    refuse_nested(resolved.path, output)  # before anything is written or deleted (--overwrite empties the output)
+    output = output.resolve()
     plan = plan_conversion(resolved.path)
-    output = Path(output).expanduser().resolve()
-    if output == resolved.path:
-        raise OutputError(f"file {output}: output folder is the source folder")
     fresh = ConversionManifest(
         source=source_record(resolved, plan),
         settings=ConversionSettings(method=method.value, kv_cache_quant_algo=kv_cache_quant_algo),

@@ -92,7 +92,8 @@ def run_stages(
     return summary
 
 
-@holds_output_lock("run", "output", create=True)  # held across every stage (checkpoint/output_lock.py)
+# Held across every stage; an output nested with a local source is refused first (checkpoint/output_lock.py).
+@holds_output_lock("run", "output", create=True, source_arg="source")
 def run_pipeline(
     source: str | Path,
     output: str | Path,

@@ -154,3 +154,52 @@ def test_resume_redoes_a_shard_recorded_with_other_settings(source, tmp_path):
     assert again.shards_converted == 1
     assert load_manifest(out).shards[victim].settings_sha256 == conversion_sha256(manifest.settings,
                                                                                    manifest.source.fingerprint)
+
+
+# --- nesting ------------------------------------------------------------------------------------------------------
+
+
+def _tree(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def test_an_output_inside_the_source_is_refused_before_anything_is_written(source, tmp_path, capsys):
+    before = _tree(source)
+    code = _run_cli(["convert", str(source), str(source / "nvfp4"), "--device", "cpu", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 4 and "lies inside the source folder" in err and len(err.splitlines()) == 1
+    (tmp_path / "link").symlink_to(source)  # the same through a symlink
+    code = _run_cli(["convert", str(source), str(tmp_path / "link" / "nvfp4"), "--device", "cpu", "--no-progress"])
+    assert code == 4 and "lies inside the source folder" in capsys.readouterr().err
+    code = _run_cli(["convert", str(source), str(tmp_path / "link"), "--device", "cpu", "--no-progress"])
+    assert code == 4 and "is the source folder" in capsys.readouterr().err
+    assert _tree(source) == before
+
+
+def test_overwrite_never_deletes_a_source_inside_the_output(source, tmp_path):
+    import shutil
+
+    import pytest
+
+    from kimi_nvfp4.errors import OutputError
+
+    out = tmp_path / "out"
+    convert_checkpoint(source, out, method="amax", device="cpu", progress=False, record_stats=False)
+    inner = out / "kimi-int4"
+    shutil.copytree(source, inner)
+    before = _tree(inner)
+    with pytest.raises(OutputError, match="lies inside the output folder.*--overwrite would delete it"):
+        convert_checkpoint(inner, out, method="int4-aware", overwrite=True, device="cpu", progress=False)
+    assert _tree(inner) == before
+
+
+def test_run_refuses_nesting_before_creating_the_output(source, tmp_path):
+    import pytest
+
+    from kimi_nvfp4.errors import OutputError
+    from kimi_nvfp4.pipeline.runner import run_pipeline
+
+    before = _tree(source)
+    with pytest.raises(OutputError, match="lies inside the source folder"):
+        run_pipeline(source, source / "out", progress=False)
+    assert _tree(source) == before
