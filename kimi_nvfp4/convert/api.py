@@ -7,6 +7,7 @@ releases the GIL in its kernels and each job's bytes do not depend on scheduling
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
 import time
@@ -36,8 +37,8 @@ from ..checkpoint.modelopt_config import (
     summarize_exclude_modules,
 )
 from ..checkpoint.reader import CONFIG_NAME
-from ..checkpoint.writer import partial_path, write_index, write_json_atomic
-from ..errors import DeviceError, OutputError
+from ..checkpoint.writer import partial_path, remove_quietly, write_failure, write_index, write_json_atomic
+from ..errors import DeviceError
 from ..numerics.methods import DEFAULT_METHOD, ScaleMethod
 from .job import ShardResult, run_shard_job
 from .output import OutputState, prepare_output
@@ -121,14 +122,13 @@ def _finish(
     hf_quant_config, quantization_config = build_modelopt_quant_config(plan.layout, exclude, kv_cache_quant_algo)
     for rel in plan.other_files:
         dst = output / rel
-        dst.parent.mkdir(parents=True, exist_ok=True)
         tmp = partial_path(dst)
         try:
+            dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(plan.root / rel, tmp)  # bytes only: checkpoint code is never imported
-            tmp.replace(dst)
+            os.replace(tmp, dst)
         except OSError as e:
-            tmp.unlink(missing_ok=True)
-            raise OutputError(f"file {dst}: cannot copy ({e.strerror or e})") from None
+            raise write_failure(e, dst, tmp, remove_quietly(tmp)) from None
     write_json_atomic(output / HF_QUANT_CONFIG_NAME, hf_quant_config, durable=durable)
     write_json_atomic(output / CONFIG_NAME, rewrite_config_for_nvfp4(plan.config, quantization_config), durable=durable)
     write_index(output, plan.weight_map, plan.total_size, durable=durable)

@@ -13,7 +13,7 @@ from pathlib import Path
 from ..checkpoint.manifest import StageRecord, load_manifest, save_manifest
 from ..checkpoint.output_lock import output_lock
 from ..checkpoint.writer import write_bytes_atomic
-from ..errors import KimiNvfp4Error
+from ..errors import KimiNvfp4Error, OutputError
 from .card import GENERATED_MARKER, build_model_card
 from .checks import Readiness, check_publishable
 from .files import CARD_NAME, SOURCE_CARD_NAME, PublishFile, format_size, list_publish_files
@@ -69,7 +69,11 @@ def _install_card(root: Path, card: str) -> None:
     readme = root / CARD_NAME
     if readme.is_file() and GENERATED_MARKER not in readme.read_text(encoding="utf-8", errors="replace") \
             and not (root / SOURCE_CARD_NAME).exists():
-        os.replace(readme, root / SOURCE_CARD_NAME)
+        try:
+            os.replace(readme, root / SOURCE_CARD_NAME)
+        except OSError as e:
+            raise OutputError(f"file {readme}: cannot keep the source card as {SOURCE_CARD_NAME} "
+                              f"({e.strerror or e})") from None
     write_bytes_atomic(readme, card.encode("utf-8"))
 
 
