@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import importlib
 import sys
+import traceback
 
 import click
 
 from . import __version__
-from .errors import KimiNvfp4Error
+from .errors import KimiNvfp4Error, exit_code_for
 
 # command name -> "module:attribute" of a click.Command
 COMMANDS: dict[str, str] = {
@@ -109,7 +110,8 @@ def _launch_distributed(gpus: int, rest: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point: user-facing errors become one line on stderr and a distinct exit code."""
+    """Console entry point: user-facing errors become one line on stderr and a distinct exit code; any other
+    exception is a bug: its traceback, one line saying so, and exit 70 (errors.py `exit_code_for`)."""
     try:
         gpus, rest = _split_gpus(list(sys.argv[1:] if argv is None else argv))
         if gpus is not None:
@@ -125,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
         code = cli.main(args=argv, standalone_mode=False)
     except KimiNvfp4Error as e:
         click.echo(f"error: {e}", err=True)
-        sys.exit(e.exit_code)
+        sys.exit(exit_code_for(e))
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)
@@ -134,4 +136,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(e.exit_code)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
+    except Exception as e:  # noqa: BLE001 - every command maps a bug the same way
+        traceback.print_exc(file=sys.stderr)
+        click.echo(f"internal error (a bug in kimi-nvfp4; the traceback above helps a report): "
+                   f"{type(e).__name__}: {e}", err=True)
+        sys.exit(exit_code_for(e))
     sys.exit(code if isinstance(code, int) else 0)

@@ -1,7 +1,9 @@
-"""Error types shared by every stage.
+"""Error types shared by every stage, and the one mapping from an exception to a process exit code.
 
 Every error a user can cause names the file, the tensor and what was expected, and maps to a
-distinct process exit code so CI jobs can gate on it.
+distinct process exit code so CI jobs can gate on it. Anything else escaping a command is a bug:
+exit 70 (`INTERNAL_ERROR_EXIT_CODE`) with its traceback, for every command alike (`exit_code_for`,
+used by the console entry point `kimi_nvfp4/cli.py` and by `run`'s per-stage outcomes).
 """
 
 from __future__ import annotations
@@ -52,3 +54,12 @@ class DeviceError(KimiNvfp4Error):
     """Asked-for hardware is absent or does not fit (no CUDA, wrong GPU for a serving profile)."""
 
     exit_code = 5
+
+
+# BSD sysexits EX_SOFTWARE: an exception that is not a KimiNvfp4Error is a bug in kimi-nvfp4, not bad input.
+INTERNAL_ERROR_EXIT_CODE = 70
+
+
+def exit_code_for(error: BaseException) -> int:
+    """The process exit code for an exception that ends a command (README "Exit codes")."""
+    return error.exit_code if isinstance(error, KimiNvfp4Error) else INTERNAL_ERROR_EXIT_CODE

@@ -24,6 +24,7 @@ from typing import Iterable
 import torch
 from tqdm.auto import tqdm
 
+from ..checkpoint.output_lock import holds_output_lock
 from ..checkpoint.reader import CheckpointReader
 from ..checkpoint.writer import ShardWriter
 from ..distributed import RankContext, rank_context
@@ -252,6 +253,7 @@ def run_calibration(
     return run
 
 
+@holds_output_lock("calibrate", "output")  # one writer per checkpoint folder (checkpoint/output_lock.py)
 def calibrate_checkpoint(
     output: str | Path,
     source: str | Path,

@@ -8,6 +8,7 @@ Only device-independent settings are recorded: CPU and GPU produce the same byte
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,9 @@ class ShardRecord(_Strict):
     # False when written without fsync (`convert --no-fsync`): trusted on resume only within the same boot
     # (`ConversionManifest.boot_id`); after a reboot its sha256 is checked first (convert/output.py).
     durable: bool = True
+    # `conversion_sha256` of the settings and source that wrote this shard: a resume reuses the shard only for the
+    # same digest (None: a shard kimi-nvfp4 did not convert, e.g. calibrate's input scales, or an older manifest).
+    settings_sha256: str | None = None
 
 
 class StageRecord(_Strict):
@@ -70,6 +74,12 @@ class ConversionManifest(_Strict):
     tensor_stats: dict[str, dict[str, Any]] = Field(default_factory=dict)
     stages: dict[str, StageRecord] = Field(default_factory=dict)
     boot_id: str | None = None  # the OS boot of the last convert run (`current_boot_id`)
+
+
+def conversion_sha256(settings: ConversionSettings, source_fingerprint: str) -> str:
+    """What decides a converted shard's bytes: the settings and the source (its fingerprint)."""
+    payload = json.dumps({"settings": settings.model_dump(mode="json"), "source": source_fingerprint}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()
 
 
 _BOOT_ID = Path("/proc/sys/kernel/random/boot_id")

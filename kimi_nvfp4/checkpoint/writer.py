@@ -81,10 +81,29 @@ def _tensor_bytes(t: torch.Tensor) -> torch.Tensor:
     return flat.view(torch.uint8) if flat.dtype != torch.uint8 else flat
 
 
-def _write_failure(e: OSError, path: Path) -> OutputError:
+def remove_quietly(path: Path) -> OSError | None:
+    """Remove a partial file while another error is being reported; returns the error if it could not be removed
+    (on a read-only file system `unlink` fails too, and must not hide the first error behind a traceback)."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as e:
+        return e
+    return None
+
+
+def write_failure(e: OSError, path: Path, partial: Path, not_removed: OSError | None) -> OutputError:
+    """The one-line OutputError (exit 4) for a failed write of `path` through its partial file `partial`."""
     if e.errno == errno.ENOSPC:
-        return OutputError(f"file {path}: disk full while writing; the partial file was removed")
-    return OutputError(f"file {path}: cannot write ({e.strerror or e}); the partial file was removed")
+        what = "disk full while writing"
+    elif e.errno == errno.EROFS:
+        what = "the output is on a read-only file system"
+    else:
+        what = f"cannot write ({e.strerror or e})"
+    if not_removed is None:
+        left = "the partial file was removed"
+    else:
+        left = f"the partial file {partial.name} could not be removed ({not_removed.strerror or not_removed})"
+    return OutputError(f"file {path}: {what}; {left}")
 
 
 class ShardWriter:
@@ -200,8 +219,7 @@ class StreamingShardWriter:
             self._f = self._tmp.open("wb")
             self._sink(memoryview(head))
         except OSError as e:
-            self.abort()
-            raise _write_failure(e, self.path) from None
+            raise self._failure(e) from None
         if background:
             self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"sha256-{self.path.name}")
             self._thread = threading.Thread(target=self._drain, name=f"write-{self.path.name}", daemon=True)
@@ -244,11 +262,13 @@ class StreamingShardWriter:
                     self._pool.append(owner)
                 self._cond.notify_all()
 
+    def _failure(self, e: OSError) -> OutputError:
+        """Abort (close without flushing again, remove the partial file) and describe `e` as an OutputError."""
+        return write_failure(e, self.path, self._tmp, self.abort())
+
     def _raise_if_failed(self) -> None:
         if self._error is not None:
-            error = self._error
-            self.abort()
-            raise _write_failure(error, self.path) from None
+            raise self._failure(self._error) from None
 
     def _emit(self, chunk: memoryview, owner: object) -> None:
         """Queue `chunk` (kept alive by `owner`), or write it now without a background thread."""
@@ -256,8 +276,7 @@ class StreamingShardWriter:
             try:
                 self._sink(chunk)
             except OSError as e:
-                self.abort()
-                raise _write_failure(e, self.path) from None
+                raise self._failure(e) from None
             if isinstance(owner, bytearray) and len(owner) == COPY_CHUNK_BYTES:
                 self._pool.append(owner)
             return
@@ -336,20 +355,23 @@ class StreamingShardWriter:
             self._f.close()
             os.replace(self._tmp, self.path)
         except OSError as e:
-            self.abort()
-            raise _write_failure(e, self.path) from None
+            raise self._failure(e) from None
         self._committed = True
         return WrittenShard(self.path.name, self._digest.hexdigest(), self._bytes, len(self._specs))
 
-    def abort(self) -> None:
-        """Close and remove the partial file (idempotent)."""
+    def abort(self) -> OSError | None:
+        """Close and remove the partial file (idempotent; never raises, since it runs while an error is reported).
+        Returns the error that kept the partial file from being removed, if any."""
         if getattr(self, "_thread", None) is not None:
             self._error = self._error or OSError("aborted")  # the thread drops what is still queued
             self._stop_thread()
         f = getattr(self, "_f", None)
         if f is not None and not f.closed:
-            f.close()
-        self._tmp.unlink(missing_ok=True)
+            try:
+                f.close()  # flushes what is buffered: on a full disk that fails again, and the file is closed anyway
+            except OSError:
+                pass
+        return remove_quietly(self._tmp)
 
     def __enter__(self) -> Self:
         return self
@@ -371,8 +393,7 @@ def write_bytes_atomic(path: str | Path, data: bytes, *, durable: bool = True) -
                 os.fsync(f.fileno())
         os.replace(tmp, path)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise _write_failure(e, path) from None
+        raise write_failure(e, path, tmp, remove_quietly(tmp)) from None
 
 
 def write_json_atomic(path: str | Path, obj: Any, *, durable: bool = True) -> None:

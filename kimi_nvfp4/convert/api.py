@@ -7,6 +7,7 @@ releases the GIL in its kernels and each job's bytes do not depend on scheduling
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
 import time
@@ -18,26 +19,29 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from ..checkpoint.file_stamps import FileStamp, save_stamps
 from ..checkpoint.manifest import (
-    MANIFEST_NAME,
     ConversionManifest,
     ConversionSettings,
     ShardRecord,
+    conversion_sha256,
     current_boot_id,
     save_manifest,
 )
+from ..checkpoint.nesting import refuse_nested
+from ..checkpoint.output_lock import output_lock
 from ..checkpoint.modelopt_config import (
     HF_QUANT_CONFIG_NAME,
     build_modelopt_quant_config,
     rewrite_config_for_nvfp4,
     summarize_exclude_modules,
 )
-from ..checkpoint.reader import CONFIG_NAME, INDEX_NAME
-from ..checkpoint.writer import partial_path, write_index, write_json_atomic
-from ..errors import DeviceError, OutputError
+from ..checkpoint.reader import CONFIG_NAME
+from ..checkpoint.writer import partial_path, remove_quietly, write_failure, write_index, write_json_atomic
+from ..errors import DeviceError
 from ..numerics.methods import DEFAULT_METHOD, ScaleMethod
 from .job import ShardResult, run_shard_job
-from .output import prepare_output
+from .output import OutputState, prepare_output
 from .plan import ConversionPlan, ShardJob, plan_conversion
 from .source import resolve_source, source_record
 
@@ -66,6 +70,7 @@ class ConversionSummary:
     max_shard_bytes: int  # largest source shard (tensor bytes), the unit of the memory bound
     # seconds per phase summed over the shard jobs of this run (job threads only; see convert/job.py)
     phase_seconds: dict[str, float] = field(default_factory=dict)
+    skipped_files: list[str] = field(default_factory=list)  # source files not copied, each with the reason
 
     @property
     def gb_per_s(self) -> float:
@@ -88,7 +93,7 @@ class ConversionSummary:
                 f"{self.int4_gb_per_s:.3f} GB/s INT4"
             ),
             f"output: {self.output}",
-        ]
+        ] + [f"not copied from the source: {f}" for f in self.skipped_files]
 
 
 def _sum_phases(results: list[ShardResult]) -> dict[str, float]:
@@ -115,19 +120,15 @@ def _finish(
     """Everything but the shards: copied files, quant configs, index, then the manifest marked complete."""
     exclude = summarize_exclude_modules(plan.bf16_linears, plan.quantized_modules)
     hf_quant_config, quantization_config = build_modelopt_quant_config(plan.layout, exclude, kv_cache_quant_algo)
-    ours = {CONFIG_NAME, HF_QUANT_CONFIG_NAME, INDEX_NAME, MANIFEST_NAME}
     for rel in plan.other_files:
-        if str(rel) in ours:
-            continue
         dst = output / rel
-        dst.parent.mkdir(parents=True, exist_ok=True)
         tmp = partial_path(dst)
         try:
+            dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(plan.root / rel, tmp)  # bytes only: checkpoint code is never imported
-            tmp.replace(dst)
+            os.replace(tmp, dst)
         except OSError as e:
-            tmp.unlink(missing_ok=True)
-            raise OutputError(f"file {dst}: cannot copy ({e.strerror or e})") from None
+            raise write_failure(e, dst, tmp, remove_quietly(tmp)) from None
     write_json_atomic(output / HF_QUANT_CONFIG_NAME, hf_quant_config, durable=durable)
     write_json_atomic(output / CONFIG_NAME, rewrite_config_for_nvfp4(plan.config, quantization_config), durable=durable)
     write_index(output, plan.weight_map, plan.total_size, durable=durable)
@@ -161,29 +162,27 @@ def convert_checkpoint(
         raise ValueError(f"workers must be >= 1, got {workers}")
     dev = resolve_device(device)
     resolved = resolve_source(source, revision)
+    output = Path(output).expanduser()
+    refuse_nested(resolved.path, output)  # before anything is written or deleted (--overwrite empties the output)
+    output = output.resolve()
     plan = plan_conversion(resolved.path)
-    output = Path(output).expanduser().resolve()
-    if output == resolved.path:
-        raise OutputError(f"file {output}: output folder is the source folder")
     fresh = ConversionManifest(
         source=source_record(resolved, plan),
         settings=ConversionSettings(method=method.value, kv_cache_quant_algo=kv_cache_quant_algo),
     )
-    state = prepare_output(output, fresh, overwrite=overwrite)
-    manifest = state.manifest
-    todo = [job for job in plan.jobs if job.file not in state.finished]
     start = time.perf_counter()
-    results: list[ShardResult] = []
-    # A finished conversion is left untouched: calibrate may since have added input scales to its index.
-    if todo or not state.was_complete:
-        manifest.complete = False
-        manifest.boot_id = current_boot_id()
-        save_manifest(output, manifest, durable=fsync)
-        results = _run_jobs(
-            todo, plan, output, manifest, method=method, device=dev, workers=workers, progress=progress,
-            record_stats=record_stats, durable=fsync,
-        )
-        _finish(plan, output, manifest, kv_cache_quant_algo, durable=fsync)
+    with output_lock(output, "convert"):
+        state = prepare_output(output, fresh, overwrite=overwrite)
+        todo = [job for job in plan.jobs if job.file not in state.finished]
+        results: list[ShardResult] = []
+        # A finished conversion is left untouched: calibrate may since have added input scales to its index.
+        if todo or not state.was_complete:
+            record = _ShardRecorder(output, state, durable=fsync)
+            results = _run_jobs(
+                todo, plan, record, method=method, device=dev, workers=workers, progress=progress,
+                record_stats=record_stats,
+            )
+            _finish(plan, output, state.manifest, kv_cache_quant_algo, durable=fsync)
     seconds = time.perf_counter() - start
     return ConversionSummary(
         output=str(output),
@@ -203,21 +202,51 @@ def convert_checkpoint(
         peak_tensor_bytes=max((r.peak_tensor_bytes for r in results), default=0),
         phase_seconds=_sum_phases(results),
         max_shard_bytes=max((j.input_bytes for j in plan.jobs), default=0),
+        skipped_files=[str(f) for f in plan.skipped_files],
     )
+
+
+class _ShardRecorder:
+    """Records each finished shard (manifest entry, settings digest, file stamp) as soon as it is renamed into
+    place, so a killed run resumes after it. Thread-safe: jobs finish on pool threads."""
+
+    def __init__(self, output: Path, state: OutputState, *, durable: bool):
+        self.output = output
+        self.manifest = state.manifest
+        self.durable = durable
+        self.settings_sha256 = conversion_sha256(self.manifest.settings, self.manifest.source.fingerprint)
+        self.stamps = dict(state.stamps or {})
+        self.lock = threading.Lock()
+        self.manifest.complete = False
+        self.manifest.boot_id = current_boot_id()
+        save_manifest(output, self.manifest, durable=durable)
+
+    def __call__(self, result: ShardResult) -> None:
+        w = result.written
+        with self.lock:
+            self.manifest.shards[w.file] = ShardRecord(
+                file=w.file, sha256=w.sha256, bytes=w.bytes, tensors=w.tensors, durable=self.durable,
+                settings_sha256=self.settings_sha256,
+            )
+            self.manifest.tensor_stats.update(result.tensor_stats)
+            stamp = FileStamp.of(self.output / w.file)
+            if stamp is not None:
+                self.stamps[w.file] = stamp
+            # Stamps first: a stamp without a manifest record is ignored, a record without a stamp is re-hashed.
+            save_stamps(self.output, self.stamps, durable=self.durable)
+            save_manifest(self.output, self.manifest, durable=self.durable)
 
 
 def _run_jobs(
     jobs: list[ShardJob],
     plan: ConversionPlan,
-    output: Path,
-    manifest: ConversionManifest,
+    record: _ShardRecorder,
     *,
     method: ScaleMethod,
     device: torch.device,
     workers: int,
     progress: bool,
     record_stats: bool,
-    durable: bool = True,
 ) -> list[ShardResult]:
     """Run shard jobs; record each finished shard in the manifest as soon as it is renamed into place."""
     lock = threading.Lock()
@@ -241,20 +270,15 @@ def _run_jobs(
 
         try:
             result = run_shard_job(
-                job, plan.root, output, method=method, device=device, record_stats=record_stats, on_progress=advance,
-                durable=durable,
+                job, plan.root, record.output, method=method, device=device, record_stats=record_stats,
+                on_progress=advance, durable=record.durable,
             )
         finally:
             bar.close()
             with lock:
                 free_positions.append(position)
+        record(result)
         with lock:
-            w = result.written
-            manifest.shards[job.file] = ShardRecord(
-                file=w.file, sha256=w.sha256, bytes=w.bytes, tensors=w.tensors, durable=durable
-            )
-            manifest.tensor_stats.update(result.tensor_stats)
-            save_manifest(output, manifest, durable=durable)
             results[job.file] = result
         return result
 

@@ -2,14 +2,21 @@
 
 - absent or empty: a fresh conversion;
 - holding our manifest with the same settings and source: resume, skipping shards the manifest
-  lists as finished (file present with the recorded size);
+  lists as finished (see below);
 - holding our manifest with other settings or another source: refused unless `overwrite`, which
   empties the folder first (only a folder our manifest marks as ours is ever emptied);
 - holding anything else: always refused.
-Leftover `.NAME.partial` files from an interrupted run are removed before resuming.
+Our own hidden files never count as foreign content: the folder's lock file and shard stamps, and leftover
+`.NAME.partial` files of an interrupted run (removed before converting; a run killed while writing its very first
+manifest leaves only `.kimi_nvfp4_manifest.json.partial`, and the next run starts afresh).
+
+A recorded shard is reused only when its file is regular, has the recorded size, was written with the same
+settings and source (`ShardRecord.settings_sha256`), and is the very file convert wrote (its stamp: device, inode,
+size, mtime, `checkpoint/file_stamps.py`) — or, failing the stamp, its recomputed sha256 equals the record. So a
+shard replaced by another process with bytes of the same size is converted again instead of trusted.
 
 Shards written without fsync (`--no-fsync`) sit in the page cache until the OS writes them back: a killed
-process loses nothing, an OS crash or power loss can. So such a shard is trusted on its size only within the
+process loses nothing, an OS crash or power loss can. So such a shard is trusted on its stamp only within the
 boot that wrote it (the manifest's `boot_id`); after a reboot its sha256 is recomputed first, and a shard that
 does not match is converted again.
 """
@@ -20,9 +27,21 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..checkpoint.manifest import MANIFEST_NAME, ConversionManifest, ShardRecord, current_boot_id, load_manifest
+from ..checkpoint.file_stamps import STAMPS_NAME, FileStamp, load_stamps
+from ..checkpoint.manifest import (
+    MANIFEST_NAME,
+    ConversionManifest,
+    ShardRecord,
+    conversion_sha256,
+    current_boot_id,
+    load_manifest,
+)
+from ..checkpoint.output_lock import LOCK_NAME
 from ..checkpoint.writer import is_partial_name, sha256_file
 from ..errors import CheckpointError, OutputError
+
+# Hidden files of ours that say nothing about whose folder it is (the lock may be taken before the first manifest).
+_BOOKKEEPING = frozenset({LOCK_NAME, STAMPS_NAME})
 
 
 @dataclass
@@ -31,27 +50,51 @@ class OutputState:
     finished: set[str]  # shard files already converted with these settings
     resumed: bool
     was_complete: bool = False  # a finished conversion: later stages may have added files and index entries
+    stamps: dict[str, FileStamp] | None = None  # recorded stamps of the finished shards
+
+
+def _remove(path: Path) -> None:
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    except OSError as e:
+        raise OutputError(f"file {path}: cannot remove it ({e.strerror or e})") from None
 
 
 def _clear_folder(folder: Path) -> None:
     for entry in folder.iterdir():
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()
+        if entry.name != LOCK_NAME:  # other processes wait on this very file (checkpoint/output_lock.py)
+            _remove(entry)
+
+
+def _remove_partials(output: Path, entries: list[str]) -> None:
+    for name in entries:
+        if is_partial_name(name):
+            _remove(output / name)
+
+
+def _ours(name: str) -> bool:
+    return name in _BOOKKEEPING or is_partial_name(name)
 
 
 def prepare_output(output: Path, fresh: ConversionManifest, *, overwrite: bool) -> OutputState:
     if output.exists() and not output.is_dir():
         raise OutputError(f"file {output}: output exists and is not a folder")
-    output.mkdir(parents=True, exist_ok=True)
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputError(f"file {output}: cannot create the output folder ({e.strerror or e})") from None
     entries = sorted(p.name for p in output.iterdir())
-    if not entries:
+    foreign = [name for name in entries if not _ours(name)]
+    if not foreign:
+        _remove_partials(output, entries)
         return OutputState(fresh, set(), resumed=False)
-    if MANIFEST_NAME not in entries:
-        shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+    if MANIFEST_NAME not in foreign:
+        shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
         raise OutputError(
-            f"file {output}: output folder holds other content ({len(entries)} entries: {shown}) and no "
+            f"file {output}: output folder holds other content ({len(foreign)} entries: {shown}) and no "
             f"{MANIFEST_NAME}; choose an empty or new folder"
         )
     try:
@@ -67,19 +110,28 @@ def prepare_output(output: Path, fresh: ConversionManifest, *, overwrite: bool) 
             )
         _clear_folder(output)
         return OutputState(fresh, set(), resumed=False)
-    for name in entries:
-        if is_partial_name(name):
-            (output / name).unlink()
+    _remove_partials(output, entries)
     same_boot = previous.boot_id is not None and previous.boot_id == current_boot_id()
-    finished = {f for f, rec in previous.shards.items() if _still_finished(output / f, rec, same_boot)}
+    digest = conversion_sha256(fresh.settings, fresh.source.fingerprint)
+    stamps = load_stamps(output)
+    finished = {
+        f for f, rec in previous.shards.items() if _still_finished(output / f, rec, digest, stamps.get(f), same_boot)
+    }
     was_complete = previous.complete and finished == set(previous.shards)
     previous.shards = {f: r for f, r in previous.shards.items() if f in finished}
-    return OutputState(previous, finished, resumed=True, was_complete=was_complete)
+    stamps = {f: s for f, s in stamps.items() if f in finished}
+    return OutputState(previous, finished, resumed=True, was_complete=was_complete, stamps=stamps)
 
 
-def _still_finished(path: Path, record: ShardRecord, same_boot: bool) -> bool:
-    """The shard `record` describes is on disk whole: its size, and for a shard written without fsync in an
-    earlier boot, its sha256."""
-    if not path.is_file() or path.stat().st_size != record.bytes:
+def _still_finished(
+    path: Path, record: ShardRecord, settings_digest: str, stamp: FileStamp | None, same_boot: bool
+) -> bool:
+    """The shard `record` describes is on disk whole, and was converted with these settings from this source."""
+    now = FileStamp.of(path)
+    if now is None or now.size != record.bytes:
         return False
-    return record.durable or same_boot or sha256_file(path) == record.sha256
+    if record.settings_sha256 is not None and record.settings_sha256 != settings_digest:
+        return False  # written by a run with other settings or another source
+    if stamp == now and (record.durable or same_boot):
+        return True
+    return sha256_file(path) == record.sha256

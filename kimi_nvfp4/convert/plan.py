@@ -32,6 +32,7 @@ from ..checkpoint.tensor_io import ShardFiles
 from ..checkpoint.writer import TensorSpec
 from ..errors import CheckpointError, UnsupportedCheckpointError
 from ..numerics.constants import INT4_GROUP_SIZE, NVFP4_BLOCK_SIZE
+from .source_files import SkippedFile, select_source_files
 
 # Output tensors of one NVFP4 linear (ModelOpt HF export names).
 NVFP4_SUFFIXES = ("weight", "weight_scale", "weight_scale_2")
@@ -121,7 +122,8 @@ class ConversionPlan:
     total_size: int  # output tensor bytes (index metadata.total_size)
     bf16_linears: list[str]
     quantized_modules: list[str]
-    other_files: list[Path]
+    other_files: list[Path]  # copied byte for byte (source_files.py)
+    skipped_files: list[SkippedFile] = field(default_factory=list)  # left out of the output, with the reason
 
     @property
     def matrices(self) -> int:
@@ -271,6 +273,7 @@ def plan_conversion(source_root: str | Path) -> ConversionPlan:
                     weight_map[name] = job.file
                 total += m.output_bytes
     bf16 = bf16_linear_modules(reader)
+    files = select_source_files(reader.root, set(reader.shard_files))
     return ConversionPlan(
         root=reader.root,
         config=reader.config,
@@ -280,5 +283,6 @@ def plan_conversion(source_root: str | Path) -> ConversionPlan:
         total_size=total,
         bf16_linears=bf16,
         quantized_modules=sorted(experts),
-        other_files=reader.other_files(),
+        other_files=files.copy,
+        skipped_files=files.skipped,
     )

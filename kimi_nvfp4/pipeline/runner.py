@@ -16,24 +16,22 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from ..errors import KimiNvfp4Error
+from ..checkpoint.output_lock import holds_output_lock
+from ..errors import INTERNAL_ERROR_EXIT_CODE, KimiNvfp4Error, exit_code_for  # noqa: F401 (re-exported)
 from .config import PipelineConfig
 from .stage import Stage, StageContext, StageOutcome, settings_match
 from .summary import PipelineSummary, StageResult, StageStatus
-
-# An exception that is not a KimiNvfp4Error is a bug in a stage, not bad input: BSD sysexits EX_SOFTWARE.
-INTERNAL_ERROR_EXIT_CODE = 70
 
 
 def _run_one(stage: Stage, ctx: StageContext, settings: dict) -> tuple[StageOutcome, BaseException | None]:
     try:
         outcome = stage.run(ctx)
     except KimiNvfp4Error as e:
-        return StageOutcome(ok=False, summary=str(e), exit_code=e.exit_code), e
+        return StageOutcome(ok=False, summary=str(e), exit_code=exit_code_for(e)), e
     except Exception as e:  # noqa: BLE001 — reported with its traceback, the summary still prints
         traceback.print_exc(file=sys.stderr)
         return StageOutcome(ok=False, summary=f"internal error: {type(e).__name__}: {e}",
-                            exit_code=INTERNAL_ERROR_EXIT_CODE), e
+                            exit_code=exit_code_for(e)), e
     if outcome.ok:
         stage.mark_complete(ctx, settings, outcome)
     elif outcome.exit_code == 0:
@@ -91,6 +89,8 @@ def run_stages(
     return summary
 
 
+# Held across every stage; an output nested with a local source is refused first (checkpoint/output_lock.py).
+@holds_output_lock("run", "output", create=True, source_arg="source")
 def run_pipeline(
     source: str | Path,
     output: str | Path,

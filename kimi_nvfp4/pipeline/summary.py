@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any
+
+from ..errors import OutputError
 
 SUMMARY_NAME = "pipeline_summary"
 
@@ -82,13 +83,16 @@ class PipelineSummary:
 
     def write(self, report_dir: Path) -> tuple[Path, Path]:
         """pipeline_summary.json and .md, each written under a temporary name and renamed."""
-        report_dir.mkdir(parents=True, exist_ok=True)
+        from ..checkpoint.writer import write_bytes_atomic  # a full or read-only disk: OutputError (exit 4)
+
+        try:
+            report_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise OutputError(f"file {report_dir}: cannot create the report folder ({e.strerror or e})") from None
         paths = []
         for suffix, text in (("json", json.dumps(self.to_dict(), indent=2, default=str) + "\n"),
                              ("md", self.to_markdown())):
             path = report_dir / f"{SUMMARY_NAME}.{suffix}"
-            partial = report_dir / f".{path.name}.partial"
-            partial.write_text(text)
-            os.replace(partial, path)
+            write_bytes_atomic(path, text.encode(), durable=False)
             paths.append(path)
         return paths[0], paths[1]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -10,8 +11,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..checkpoint.manifest import StageRecord, load_manifest, save_manifest
+from ..checkpoint.output_lock import output_lock
 from ..checkpoint.writer import write_bytes_atomic
-from ..errors import KimiNvfp4Error
+from ..errors import KimiNvfp4Error, OutputError
 from .card import GENERATED_MARKER, build_model_card
 from .checks import Readiness, check_publishable
 from .files import CARD_NAME, SOURCE_CARD_NAME, PublishFile, format_size, list_publish_files
@@ -67,7 +69,11 @@ def _install_card(root: Path, card: str) -> None:
     readme = root / CARD_NAME
     if readme.is_file() and GENERATED_MARKER not in readme.read_text(encoding="utf-8", errors="replace") \
             and not (root / SOURCE_CARD_NAME).exists():
-        os.replace(readme, root / SOURCE_CARD_NAME)
+        try:
+            os.replace(readme, root / SOURCE_CARD_NAME)
+        except OSError as e:
+            raise OutputError(f"file {readme}: cannot keep the source card as {SOURCE_CARD_NAME} "
+                              f"({e.strerror or e})") from None
     write_bytes_atomic(readme, card.encode("utf-8"))
 
 
@@ -105,8 +111,19 @@ def publish_checkpoint(
     """
     root = Path(output)
     check_repo_id(repo_id)
-    readiness = check_publishable(root, force_unvalidated=force_unvalidated, report_dir=report_dir,
-                                  workers=workers, progress=progress)
+    # A real publish writes README.md and the manifest, and uploads what it verified: nothing else may write into
+    # the folder meanwhile. A dry run writes nothing, not even the lock file.
+    with output_lock(root, "publish", create=False) if not dry_run else contextlib.nullcontext():
+        return _publish_locked(root, repo_id, private=private, revision=revision, dry_run=dry_run,
+                               force_unvalidated=force_unvalidated, report_dir=report_dir, base_model=base_model,
+                               endpoint=endpoint, workers=workers, progress=progress)
+
+
+def _publish_locked(
+    root: Path, repo_id: str, *, private: bool, revision: str | None, dry_run: bool, force_unvalidated: bool,
+    report_dir: str | Path | None, base_model: str | None, endpoint: str | None, workers: int, progress: bool,
+) -> PublishResult:
+    readiness = check_publishable(root, force_unvalidated=force_unvalidated, workers=workers, progress=progress)
     reports = ReportSet.find(root, report_dir)
     card = build_model_card(root, repo_id, readiness, reports=reports, base_model=base_model)
     files = _planned_files(root, card)

@@ -1,7 +1,10 @@
 """Refusals: publish only a checkpoint whose every shard is complete and intact, and that passed validate.
 
-Shard integrity can never be overridden (a corrupt shard on the Hub is worse than no upload); a missing or
+Shard integrity can never be overridden (a corrupt shard on the Hub is worse than no upload); a missing, stale or
 failed validation can, with `force_unvalidated=True`, and the model card then says so in its first lines.
+The verdict is the one validate sealed into the manifest (checkpoint/verdict.py): it counts only while the shard
+digests it judged equal the manifest's, which this module has just verified against the files. A
+`validate_report.json` in the folder or a report folder is never consulted: it may be stale, or copied from a source.
 """
 
 from __future__ import annotations
@@ -17,15 +20,12 @@ from tqdm.auto import tqdm
 
 from ..checkpoint.manifest import MANIFEST_NAME, load_manifest
 from ..checkpoint.reader import INDEX_NAME
+from ..checkpoint.verdict import check_verdict
 from ..errors import CheckpointError, GateFailure
 from .files import GLOB_CHARACTERS, list_publish_files, partial_files
 
 # Large reads keep the hash disk-bound (hashlib releases the GIL, so shards hash in parallel threads).
 HASH_CHUNK_BYTES = 16 * 1024 * 1024
-VALIDATE_STAGE = "validate"
-VALIDATE_REPORT_NAME = "validate_report.json"
-# Keys under which a validate StageRecord.outputs / validate report may carry its overall verdict.
-_VERDICT_KEYS = ("passed", "gates_passed", "all_passed")
 
 
 @dataclass
@@ -34,7 +34,7 @@ class Readiness:
 
     shards_verified: int
     shard_bytes: int
-    validation_passed: bool | None  # None: no validation result found
+    validation_passed: bool | None  # None: no sealed verdict that holds for these bytes
     validation_source: str | None  # where the verdict was read from
     forced_unvalidated: bool
     notes: list[str] = field(default_factory=list)
@@ -49,44 +49,6 @@ def sha256_file(path: Path, bar: tqdm | None = None) -> str:
             if bar is not None:
                 bar.update(len(chunk))
     return digest.hexdigest()
-
-
-def _find_verdict(data: Any) -> bool | None:
-    if isinstance(data, dict):
-        for key in _VERDICT_KEYS:
-            if isinstance(data.get(key), bool):
-                return data[key]
-    return None
-
-
-def find_validation_verdict(folder: Path, manifest: Any, report_dir: Path | None) -> tuple[bool | None, str | None]:
-    """The validate verdict: from the manifest's `stages["validate"]`, else from `validate_report.json`."""
-    record = manifest.stages.get(VALIDATE_STAGE)
-    if record is not None:
-        if not record.complete:
-            return False, f"{MANIFEST_NAME} stages.validate (not complete)"
-        verdict = _find_verdict(record.outputs)
-        if verdict is not None:
-            return verdict, f"{MANIFEST_NAME} stages.validate"
-        report = record.outputs.get("report_json") or record.outputs.get("report")
-        if isinstance(report, str) and report.endswith(".json"):
-            candidates = [Path(report) if Path(report).is_absolute() else folder / report]
-        else:
-            candidates = []
-    else:
-        candidates = []
-    for directory in (report_dir, folder / "reports", folder):
-        if directory is not None:
-            candidates.append(Path(directory) / VALIDATE_REPORT_NAME)
-    for path in candidates:
-        if path.is_file():
-            try:
-                verdict = _find_verdict(json.loads(path.read_text()))
-            except json.JSONDecodeError as e:
-                raise CheckpointError(f"validate report is not valid JSON ({e})", file=path) from None
-            if verdict is not None:
-                return verdict, str(path)
-    return None, None
 
 
 def check_shards(folder: Path, manifest: Any, *, workers: int = 4, progress: bool = True) -> tuple[int, int]:
@@ -140,14 +102,13 @@ def check_publishable(
     folder: str | Path,
     *,
     force_unvalidated: bool = False,
-    report_dir: str | Path | None = None,
     workers: int = 4,
     progress: bool = True,
 ) -> Readiness:
-    """Refuse (raise) unless the folder is a complete, intact, validated conversion.
+    """Refuse (raise) unless the folder is a complete, intact conversion whose sealed validate verdict holds and passed.
 
     Raises CheckpointError (exit 3) for a missing/incomplete manifest or a bad shard, and GateFailure (exit 1)
-    when validate is missing or failed and `force_unvalidated` is False.
+    when the verdict is missing, stale or failed and `force_unvalidated` is False.
     """
     root = Path(folder)
     manifest = load_manifest(root)
@@ -161,12 +122,11 @@ def check_publishable(
             f"{root}: not calibrated (no complete stages.calibrate in the manifest): W4A4 kernels need input_scale; "
             "run `kimi-nvfp4 calibrate` first"
         )
-    passed, source = find_validation_verdict(root, manifest, Path(report_dir) if report_dir else None)
+    verdict = check_verdict(root, manifest)
     notes = []
-    if passed is not True:
-        problem = ("validate has not run (no stages.validate in the manifest, no validate_report.json)"
-                   if passed is None else f"validate did not pass (per {source})")
+    if verdict.passed is not True:
         if not force_unvalidated:
-            raise GateFailure(f"{root}: {problem}; run `kimi-nvfp4 validate` or pass --force-unvalidated")
-        notes.append(f"published with --force-unvalidated: {problem}")
-    return Readiness(count, total, passed, source, force_unvalidated and passed is not True, notes)
+            raise GateFailure(f"{root}: {verdict.problem}; run `kimi-nvfp4 validate` or pass --force-unvalidated")
+        notes.append(f"published with --force-unvalidated: {verdict.problem}")
+    source = verdict.source if verdict.verdict is not None else None
+    return Readiness(count, total, verdict.passed, source, force_unvalidated and verdict.passed is not True, notes)

@@ -21,7 +21,9 @@ from tqdm.auto import tqdm
 from ..calibrate.device import AUTO_DTYPE, dtype_name, resolve_device, resolve_dtype, synchronize
 from ..calibrate.pairing import require_converted, require_matching_source
 from ..calibrate.samples import DataPart, load_sample_set
+from ..checkpoint.output_lock import holds_output_lock
 from ..checkpoint.reader import CheckpointReader
+from ..checkpoint.verdict import VERDICT_KEY, seal_verdict
 from ..distributed import RankContext, rank_context
 from ..errors import CheckpointError
 from ..model import Int4SourceWeights, LayerStreamRunner, NVFP4Weights
@@ -120,6 +122,12 @@ def evaluate_gates(
     return gates
 
 
+def writes_into_checkpoint(arguments: dict) -> bool:
+    """Whether a validate call writes into the checkpoint folder (its manifest, or reports inside it)."""
+    output, report_dir = Path(arguments["output"]).resolve(), Path(arguments["report_dir"]).resolve()
+    return bool(arguments["record_in_manifest"]) or report_dir.is_relative_to(output)
+
+
 def _record_stage(output: Path, report: ValidationReport, report_dir: Path) -> None:
     from ..checkpoint.manifest import StageRecord, load_manifest, save_manifest
 
@@ -132,6 +140,7 @@ def _record_stage(output: Path, report: ValidationReport, report_dir: Path) -> N
             "passed": report.passed,
             "report": str(report_dir),
             "failed_gates": [g.name for g in report.failed_gates()],
+            VERDICT_KEY: report.verdict.model_dump(mode="json") if report.verdict is not None else None,
         },
     )
     save_manifest(output, manifest)
@@ -265,6 +274,7 @@ def compare_streams(
     return result
 
 
+@holds_output_lock("validate", "output", when=writes_into_checkpoint)  # checkpoint/output_lock.py
 def validate_checkpoint(
     output: str | Path,
     source: str | Path,
@@ -363,6 +373,8 @@ def validate_checkpoint(
         gates=gate_results,
         passed=all(g.passed for g in gate_results),
     )
+    # the whole held-out set (every rank's share): the verdict is the same for any number of ranks
+    report.verdict = seal_verdict(output, report, sample_set.sequences)
     if ctx.is_main:
         write_validation_report(report, report_dir)
         if record_in_manifest:

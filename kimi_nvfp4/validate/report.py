@@ -10,6 +10,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from ..calibrate.artifacts import markdown_table, new_figure, save_figure, save_model_json, save_text
+from ..checkpoint.verdict import ValidateVerdict
 from .experts import ExpertError
 from .gates import GateResult, GateThresholds
 from .structure import StructureReport
@@ -82,6 +83,9 @@ class ValidationReport(BaseModel):
     mode_errors: dict[str, str]  # a mode that could not run, and why
     gates: list[GateResult]
     passed: bool
+    # The verdict sealed to the shard digests, thresholds and data judged (checkpoint/verdict.py); publish reads it
+    # from the manifest only.
+    verdict: ValidateVerdict | None = None
 
     def failed_gates(self) -> list[GateResult]:
         return [g for g in self.gates if not g.passed]

@@ -50,15 +50,16 @@ def test_after_a_reboot_only_unflushed_shards_are_rehashed(source, tmp_path, mon
     monkeypatch.setattr(output, "sha256_file", lambda p: (hashed.append(p.name), real_sha(p))[1])
     monkeypatch.setattr(output, "current_boot_id", lambda: "another-boot")
     again = convert_checkpoint(source, out, device="cpu", progress=False, fsync=fsync)
-    if fsync:  # flushed shards survive a reboot: trusted on their size, nothing re-read
-        assert hashed == [] and again.shards_converted == 0
+    if fsync:  # flushed shards survive a reboot: trusted on their stamp; the one edited in place is re-read and redone
+        assert hashed == [victim] and again.shards_converted == 1
+        assert writer.sha256_file(out / victim) == records[victim].sha256
     else:  # each unflushed shard is re-hashed; the damaged one is converted again
         assert sorted(hashed) == sorted(records) and again.shards_converted == 1
         assert load_manifest(out).shards[victim].sha256 == records[victim].sha256
         assert writer.sha256_file(out / victim) == records[victim].sha256
 
 
-def test_same_boot_resume_trusts_unflushed_shards_on_size(source, tmp_path, monkeypatch):
+def test_same_boot_resume_trusts_unflushed_shards_on_their_stamp(source, tmp_path, monkeypatch):
     """Within one boot the page cache holds what was written, so no shard is re-read on resume."""
     out = tmp_path / "out"
     convert_checkpoint(source, out, device="cpu", progress=False, fsync=False)

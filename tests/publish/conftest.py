@@ -20,6 +20,8 @@ from kimi_nvfp4.checkpoint.manifest import (
     save_manifest,
 )
 from kimi_nvfp4.checkpoint.reader import CheckpointReader
+from kimi_nvfp4.checkpoint.verdict import DataFingerprint, ValidateVerdict, load_file_digests
+from kimi_nvfp4.validate.gates import DEFAULT_GATES
 
 SOURCE_CARD = """---
 license: other
@@ -60,7 +62,22 @@ PNG_1X1 = bytes.fromhex("89504e470d0a1a0a0000000d4948445200000001000000010806000
                         "1f15c4890000000d49444154789c6360000002000100e221bc330000000049454e44ae426082")
 
 
-def write_manifest(folder: Path, *, validate: dict | None, complete: bool = True) -> ConversionManifest:
+def sealed_verdict(folder: Path, shards: dict[str, ShardRecord], *, passed: bool) -> dict:
+    """A verdict as validate seals it (checkpoint/verdict.py), over the folder's current shard and load-file digests."""
+    return ValidateVerdict(
+        passed=passed, failed_gates=[] if passed else ["w4a4.kl_mean"],
+        shards={f: r.sha256 for f, r in shards.items()}, load_files=load_file_digests(folder),
+        thresholds=DEFAULT_GATES.model_dump(mode="json"), thresholds_sha256="0" * 64,
+        data=DataFingerprint(spec="builtin", seed=0, samples=4, seq_len=64, sequences=4, tokens=256,
+                             tokens_sha256="1" * 64),
+        modes=["w4a4"], input_scale_reduction="layer_max", sealed_at="2026-11-29T08:10:00+00:00",
+    ).model_dump(mode="json")
+
+
+def write_manifest(folder: Path, *, validate: dict | None, complete: bool = True,
+                   verdict: bool | None = None) -> ConversionManifest:
+    """A manifest over the folder's real shard hashes; `verdict` True/False adds a sealed passing/failing verdict to
+    the `validate` record."""
     reader = CheckpointReader(folder)
     shards = {}
     for file in reader.shard_files:
@@ -78,6 +95,8 @@ def write_manifest(folder: Path, *, validate: dict | None, complete: bool = True
     )
     if validate is not None:
         manifest.stages["validate"] = StageRecord(**validate)
+        if verdict is not None:
+            manifest.stages["validate"].outputs["verdict"] = sealed_verdict(folder, shards, passed=verdict)
     save_manifest(folder, manifest)
     return manifest
 
@@ -99,7 +118,8 @@ def publishable(tiny_int4_checkpoint: Path) -> Path:
     (reports / "serve_check.png").write_bytes(PNG_1X1)
     write_manifest(folder, validate={"settings": {"samples": 4}, "complete": True,
                                      "finished_at": "2026-11-29T08:10:00+00:00",
-                                     "outputs": {"passed": True, "report_json": "reports/validate_report.json"}})
+                                     "outputs": {"passed": True, "report_json": "reports/validate_report.json"}},
+                   verdict=True)
     return folder
 
 

@@ -91,18 +91,19 @@ def test_refuses_half_written_file(publishable):
 
 
 @pytest.mark.parametrize(
-    "validate, reason",
+    "validate, verdict, reason",
     [
-        (None, "validate has not run"),
-        ({"settings": {}, "complete": True, "outputs": {"passed": False}}, "validate did not pass"),
-        ({"settings": {}, "complete": False, "outputs": {}}, "validate did not pass"),
+        (None, None, "validate has not run"),
+        ({"settings": {}, "complete": True, "outputs": {"passed": False}}, False, "validate did not pass"),
+        ({"settings": {}, "complete": True, "outputs": {"passed": True}}, None, "no sealed verdict"),
+        ({"settings": {}, "complete": False, "outputs": {}}, None, "validate did not finish"),
     ],
-    ids=["missing", "failed", "incomplete"],
+    ids=["missing", "failed", "unsealed", "incomplete"],
 )
-def test_refuses_unvalidated_unless_forced(publishable, write_manifest, validate, reason):
+def test_refuses_unvalidated_unless_forced(publishable, write_manifest, validate, verdict, reason):
     for report in publishable.glob("reports/validate_report.json"):
         report.unlink()
-    write_manifest(publishable, validate=validate)
+    write_manifest(publishable, validate=validate, verdict=verdict)
     with pytest.raises(GateFailure, match=reason) as e:
         check_publishable(publishable, progress=False)
     assert e.value.exit_code == 1
@@ -112,10 +113,11 @@ def test_refuses_unvalidated_unless_forced(publishable, write_manifest, validate
     assert any(reason in note for note in readiness.notes)
 
 
-def test_failed_validate_report_without_stage_record_refuses(publishable, write_manifest):
+def test_a_validate_report_file_without_stage_record_is_never_read(publishable, write_manifest):
     write_manifest(publishable, validate=None)
-    (publishable / "reports" / "validate_report.json").write_text(json.dumps({"passed": False}))
-    with pytest.raises(GateFailure, match="did not pass"):
+    for where in (publishable / "reports", publishable):
+        (where / "validate_report.json").write_text(json.dumps({"passed": True}))
+    with pytest.raises(GateFailure, match="validate has not run"):
         check_publishable(publishable, progress=False)
 
 
