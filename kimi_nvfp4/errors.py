@@ -52,3 +52,9 @@ class DeviceError(KimiNvfp4Error):
     """Asked-for hardware is absent or does not fit (no CUDA, wrong GPU for a serving profile)."""
 
     exit_code = 5
+
+
+class EngineUnavailableError(KimiNvfp4Error):
+    """A serving engine the command drives (check-engine) is not installed or cannot be imported here."""
+
+    exit_code = 8
