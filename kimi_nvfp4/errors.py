@@ -63,3 +63,9 @@ INTERNAL_ERROR_EXIT_CODE = 70
 def exit_code_for(error: BaseException) -> int:
     """The process exit code for an exception that ends a command (README "Exit codes")."""
     return error.exit_code if isinstance(error, KimiNvfp4Error) else INTERNAL_ERROR_EXIT_CODE
+
+
+class EngineUnavailableError(KimiNvfp4Error):
+    """A serving engine the command drives (check-engine) is not installed or cannot be imported here."""
+
+    exit_code = 8

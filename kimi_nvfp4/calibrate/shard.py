@@ -1,9 +1,11 @@
 """Install calibrated `input_scale` tensors into a converted checkpoint without rewriting it.
 
 All input scales go into one small extra shard, `model-input-scales.safetensors`; the index gains
-their names and the manifest records the shard and the calibrate stage. The big shards are never
-touched. Order of writes (each atomic): shard, then index, then manifest — a crash in between
-leaves either the old or the new index, both consistent with the files on disk.
+their names, the quantization configs switch from weight-only (W4A16_NVFP4, what convert declares)
+to W4A4 (NVFP4) once every NVFP4 linear has its scale, and the manifest records the shard and the
+calibrate stage. The big shards are never touched. Order of writes (each atomic): shard, index,
+hf_quant_config.json, config.json, manifest — a crash in between leaves the old or the new index,
+both consistent with the files on disk, and never declares W4A4 before the scales are indexed.
 
 Engines load every shard the index names (vLLM/SGLang `filter_duplicate_safetensors_files`), so a
 tensor must live in exactly one shard: an `input_scale` already stored in a big shard is refused.
@@ -17,6 +19,7 @@ from typing import Any
 
 import torch
 
+from ..checkpoint.modelopt_config import ActivationScheme, nvfp4_modules_without_input_scale, set_activation_scheme
 from ..checkpoint.reader import CheckpointReader
 from ..checkpoint.writer import ShardWriter, WrittenShard, write_index
 from ..errors import CheckpointError
@@ -84,6 +87,8 @@ def install_input_scales(
         weight_map[name] = INPUT_SCALES_SHARD
         total += t.numel() * t.element_size()
     write_index(root, weight_map, total)
+    if not nvfp4_modules_without_input_scale(CheckpointReader(root)):
+        set_activation_scheme(root, ActivationScheme.W4A4)
 
     manifest.shards[INPUT_SCALES_SHARD] = ShardRecord(
         file=written.file, sha256=written.sha256, bytes=written.bytes, tensors=written.tensors

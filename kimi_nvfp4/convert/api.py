@@ -32,7 +32,9 @@ from ..checkpoint.nesting import refuse_nested
 from ..checkpoint.output_lock import output_lock
 from ..checkpoint.modelopt_config import (
     HF_QUANT_CONFIG_NAME,
+    ActivationScheme,
     build_modelopt_quant_config,
+    declared_scheme,
     rewrite_config_for_nvfp4,
     summarize_exclude_modules,
 )
@@ -71,6 +73,8 @@ class ConversionSummary:
     # seconds per phase summed over the shard jobs of this run (job threads only; see convert/job.py)
     phase_seconds: dict[str, float] = field(default_factory=dict)
     skipped_files: list[str] = field(default_factory=list)  # source files not copied, each with the reason
+    # what the output declares: "w4a16" (weight-only) until calibrate installs the input scales
+    activations: str = ActivationScheme.W4A16.value
 
     @property
     def gb_per_s(self) -> float:
@@ -92,8 +96,17 @@ class ConversionSummary:
                 f"time: {self.seconds:.2f} s on {self.device} x{self.workers}: {self.gb_per_s:.3f} GB/s in, "
                 f"{self.int4_gb_per_s:.3f} GB/s INT4"
             ),
+            self._activations_line(),
             f"output: {self.output}",
         ] + [f"not copied from the source: {f}" for f in self.skipped_files]
+
+    def _activations_line(self) -> str:
+        if self.activations == ActivationScheme.W4A4.value:
+            return "activations: W4A4 declared (quant_algo NVFP4): every NVFP4 linear has its calibrated input_scale"
+        return (
+            "activations: weight-only declared (quant_algo W4A16_NVFP4, input_activations null) until "
+            "`kimi-nvfp4 calibrate` writes the input scales and switches it to W4A4"
+        )
 
 
 def _sum_phases(results: list[ShardResult]) -> dict[str, float]:
@@ -203,6 +216,7 @@ def convert_checkpoint(
         phase_seconds=_sum_phases(results),
         max_shard_bytes=max((j.input_bytes for j in plan.jobs), default=0),
         skipped_files=[str(f) for f in plan.skipped_files],
+        activations=declared_scheme(output).value,
     )
 
 

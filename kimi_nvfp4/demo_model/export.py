@@ -95,7 +95,7 @@ def _shard_of(name: str, spec: TinyK2Spec, num_shards: int) -> int:
 
 def checkpoint_tensors(state_dict: Mapping[str, torch.Tensor], spec: TinyK2Spec, seed: int) -> dict[str, torch.Tensor]:
     tensors = k2_text_tensors(state_dict)
-    tensors.update(vision_tensors(vision_config(), spec.hidden_size, seed))
+    tensors.update(vision_tensors(vision_config(spec.hidden_size), spec.hidden_size, seed))
     return tensors
 
 
@@ -136,7 +136,7 @@ def export_checkpoint(
             weight_map[name] = file
             total += t.numel() * t.element_size()
     write_text_atomic(staging / INDEX_FILE, to_json({"metadata": {"total_size": total}, "weight_map": weight_map}))
-    write_text_atomic(staging / CONFIG_FILE, to_json(kimi_k25_config(spec, vision_config())))
+    write_text_atomic(staging / CONFIG_FILE, to_json(kimi_k25_config(spec, vision_config(spec.hidden_size))))
     write_text_atomic(staging / GENERATION_CONFIG_FILE, to_json(generation_config(spec)))
     for name in (TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, CHAT_TEMPLATE_FILE):
         src = Path(tokenizer_dir) / name

@@ -15,19 +15,44 @@ import torch
 
 PATCH_SIZE = 14
 MERGE_KERNEL = (2, 2)
+INIT_POS_EMB = 8  # position-embedding grid (64 x 64 in K2.6)
+INIT_POS_EMB_TIME = 4  # frames per video chunk, as in K2.6
 
 
-def vision_config(hidden: int = 64, layers: int = 1, heads: int = 2, intermediate: int = 128) -> dict[str, Any]:
+def vision_config(
+    text_hidden: int, hidden: int = 64, layers: int = 1, heads: int = 2, intermediate: int = 128
+) -> dict[str, Any]:
+    """K2.6's vision_config keys at toy size, plus the unprefixed sizes SGLang's MoonViT reads.
+
+    K2.6 ships the tower sizes as `vt_*` and the projector's input/output widths as `mm_hidden_size` /
+    `text_hidden_size`; SGLang 0.5.23 builds `K2VLMultiModalProjector` from `vt_hidden_size` and
+    `text_hidden_size` but the tower itself from `hidden_size`, `num_hidden_layers`, ... whose defaults
+    are K2.6's sizes (srt/configs/kimi_k25.py `KimiK25VisionConfig`). A model of another size must
+    therefore state both spellings.
+    """
     return {
         "model_type": "moonvit",
         "patch_size": PATCH_SIZE,
-        "init_pos_emb_height": 8,
-        "init_pos_emb_width": 8,
+        "init_pos_emb_height": INIT_POS_EMB,
+        "init_pos_emb_width": INIT_POS_EMB,
+        "init_pos_emb_time": INIT_POS_EMB_TIME,
+        "pos_emb_type": "divided_fixed",
+        "merge_kernel_size": list(MERGE_KERNEL),
+        "merge_type": "sd2_tpool",
+        "video_attn_type": "spatial_temporal",
+        "vt_hidden_size": hidden,
+        "vt_num_hidden_layers": layers,
+        "vt_num_attention_heads": heads,
+        "vt_intermediate_size": intermediate,
         "hidden_size": hidden,
         "num_hidden_layers": layers,
         "num_attention_heads": heads,
         "intermediate_size": intermediate,
-        "merge_kernel_size": list(MERGE_KERNEL),
+        "mm_projector_type": "patchmerger",
+        "mm_hidden_size": hidden,
+        "projector_hidden_act": "gelu",
+        "projector_ln_eps": 1e-05,
+        "text_hidden_size": text_hidden,
     }
 
 

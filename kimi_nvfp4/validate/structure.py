@@ -25,7 +25,7 @@ from ..calibrate.pairing import (
     NVFP4_QUANT_ALGO,
 )
 from ..checkpoint.layout import PROJS, parse_expert_name
-from ..checkpoint.modelopt_config import bf16_linear_modules, is_excluded
+from ..checkpoint.modelopt_config import QUANT_ALGO_W4A16_NVFP4, bf16_linear_modules, is_excluded
 from ..checkpoint.reader import CheckpointReader
 from ..numerics.constants import NVFP4_BLOCK_SIZE
 
@@ -107,7 +107,8 @@ def _check_configs(reader: CheckpointReader, issues: _Issues) -> dict:
         issues.add(
             "config.quantization_config",
             f"config.json quantization_config has quant_method={top.get('quant_method')!r} "
-            f"quant_algo={top.get('quant_algo')!r}, expected {MODELOPT_QUANT_METHOD!r}/{NVFP4_QUANT_ALGO!r}",
+            f"quant_algo={top.get('quant_algo')!r}, expected {MODELOPT_QUANT_METHOD!r}/{NVFP4_QUANT_ALGO!r} "
+            f"(W4A4; {QUANT_ALGO_W4A16_NVFP4!r} means calibrate has not run)",
         )
     levels = [("config.json", cfg)]
     if reader.layout.text_config_dict is not cfg:

@@ -27,6 +27,22 @@ def _calibrate(src, out, **kw):
     return calibrate_checkpoint(out, src, kw.pop("data", SAMPLE_DATA), **kw)
 
 
+def _declared(out) -> tuple[str, str, str, bool]:
+    """(hf_quant_config quant_algo, config.json quant_algo top / text_config, input_activations declared)."""
+    hf = json.loads((out / "hf_quant_config.json").read_text())["quantization"]["quant_algo"]
+    config = json.loads((out / "config.json").read_text())
+    top, text = config["quantization_config"], config["text_config"]["quantization_config"]
+    assert top == text
+    return hf, top["quant_algo"], text["quant_algo"], top["config_groups"]["group_0"].get("input_activations") is not None
+
+
+def test_calibration_switches_the_declared_scheme_from_weight_only_to_w4a4(converted_pair):
+    src, out = converted_pair
+    assert _declared(out) == ("W4A16_NVFP4", "W4A16_NVFP4", "W4A16_NVFP4", False)  # convert's output
+    _calibrate(src, out)
+    assert _declared(out) == ("NVFP4", "NVFP4", "NVFP4", True)
+
+
 def test_calibration_writes_one_small_shard_index_and_manifest(converted_pair):
     src, out = converted_pair
     big_shards = {p.name: sha256_file(p) for p in out.glob("model-0*.safetensors")}

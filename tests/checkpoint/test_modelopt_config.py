@@ -10,6 +10,7 @@ import pytest
 
 from kimi_nvfp4.checkpoint.layout import CheckpointLayout
 from kimi_nvfp4.checkpoint.modelopt_config import (
+    ActivationScheme,
     bf16_linear_modules,
     build_modelopt_quant_config,
     is_excluded,
@@ -28,14 +29,24 @@ def _modelopt_converter():
     return module.convert_hf_quant_config_format
 
 
+@pytest.mark.parametrize("scheme", list(ActivationScheme), ids=lambda s: s.value)
 @pytest.mark.parametrize("kv", ["FP8", None], ids=["fp8-kv", "no-kv"])
-def test_config_json_block_equals_modelopts_conversion_of_hf_quant_config(tiny_int4_checkpoint, kv):
+def test_config_json_block_equals_modelopts_conversion_of_hf_quant_config(tiny_int4_checkpoint, kv, scheme):
     layout = CheckpointReader(tiny_int4_checkpoint).layout
-    hf_quant_config, quantization_config = build_modelopt_quant_config(layout, ["lm_head", "x*"], kv)
+    hf_quant_config, quantization_config = build_modelopt_quant_config(layout, ["lm_head", "x*"], kv, scheme)
+    algo = {ActivationScheme.W4A4: "NVFP4", ActivationScheme.W4A16: "W4A16_NVFP4"}[scheme]
     assert hf_quant_config["quantization"] == {
-        "quant_algo": "NVFP4", "kv_cache_quant_algo": kv, "group_size": 16, "exclude_modules": ["lm_head", "x*"]
+        "quant_algo": algo, "kv_cache_quant_algo": kv, "group_size": 16, "exclude_modules": ["lm_head", "x*"]
     }
     assert quantization_config == _modelopt_converter()(hf_quant_config)
+    # vLLM 0.33 reads weight-only from "every input_activations is null" (ModelOptNvFp4Config._from_config)
+    group = quantization_config["config_groups"]["group_0"]
+    assert (group.get("input_activations") is None) == (scheme is ActivationScheme.W4A16)
+
+
+def test_convert_declares_weight_only_by_default(tiny_int4_checkpoint):
+    hf_quant_config, _ = build_modelopt_quant_config(CheckpointReader(tiny_int4_checkpoint).layout, [], "FP8")
+    assert hf_quant_config["quantization"]["quant_algo"] == "W4A16_NVFP4"
 
 
 def test_rewrite_replaces_both_levels_and_keeps_the_rest(tiny_int4_checkpoint):
@@ -70,6 +81,17 @@ def test_summary_uses_shortest_safe_prefixes():
 
 
 def test_sglang_matching_strips_the_language_model_prefix():
-    assert is_excluded("language_model.model.layers.3.self_attn.o_proj", ["model.layers.3.self_attn"])
+    assert is_excluded("language_model.model.layers.3.self_attn.o_proj", ["model.layers.3.self_attn*"])
     assert is_excluded("model.layers.3.self_attn.fused_qkv_a_proj_with_mqa", ["model.layers.3.self_attn*"])
     assert not is_excluded("model.layers.13.self_attn.o_proj", ["model.layers.3.self_attn*"])
+
+
+def test_sglang_matching_is_a_regex_fullmatch_not_a_substring():
+    """SGLang 0.5.23 `is_layer_excluded`: fullmatch on the prefix or on one dotted part, no substring rule."""
+    assert not is_excluded("language_model.model.layers.3.self_attn.o_proj", ["model.layers.3.self_attn"])
+    assert is_excluded("language_model.model.layers.3.self_attn.o_proj", ["self_attn"])  # one dotted part
+    assert is_excluded("model.layers.3.mtp_block.x", ["mtp*"])
+    # an entry ending in a fused component matches any module whose last part contains it, in every layer
+    fused = "model.layers.4.self_attn.fused_qkv_a_proj_with_mqa"
+    assert is_excluded(fused, ["model.layers.3.self_attn.kv_a_proj_with_mqa"])
+    assert not is_excluded(fused, ["model.layers.3.self_attn.q_a_proj"])  # "q_a_proj" is not in "fused_qkv_a..."

@@ -90,7 +90,9 @@ def test_configs_index_manifest_and_copied_files(converted):
     src_config = json.loads((src / "config.json").read_text())
     qc = config["quantization_config"]
     assert qc == config["text_config"]["quantization_config"]
-    assert (qc["quant_method"], qc["quant_algo"]) == ("modelopt", "NVFP4")
+    # weight-only until calibrate writes the input scales (W4A16_NVFP4, no input_activations)
+    assert (qc["quant_method"], qc["quant_algo"]) == ("modelopt", "W4A16_NVFP4")
+    assert "input_activations" not in qc["config_groups"]["group_0"]
     assert qc["config_groups"]["group_0"]["weights"] == {"dynamic": False, "num_bits": 4, "type": "float", "group_size": 16}
     assert qc["kv_cache_scheme"] == {"dynamic": False, "num_bits": 8, "type": "float"}
     assert "compressed-tensors" not in json.dumps(config)
@@ -99,7 +101,7 @@ def test_configs_index_manifest_and_copied_files(converted):
     assert strip(config["text_config"]) == strip(src_config["text_config"])
 
     hf = json.loads((out / HF_QUANT_CONFIG_NAME).read_text())["quantization"]
-    assert (hf["quant_algo"], hf["kv_cache_quant_algo"], hf["group_size"]) == ("NVFP4", "FP8", 16)
+    assert (hf["quant_algo"], hf["kv_cache_quant_algo"], hf["group_size"]) == ("W4A16_NVFP4", "FP8", 16)
     assert hf["exclude_modules"] == qc["ignore"]
 
     index = json.loads((out / INDEX_NAME).read_text())
@@ -222,6 +224,9 @@ def test_summary_counts_and_cli_json(source, tmp_path):
     summary = json.loads(result.output)
     assert summary["matrices_converted"] == 48 and summary["shards_converted"] == 5
     assert summary["int4_bytes_in"] > 0 and summary["bytes_out"] > 0 and summary["gb_per_s"] > 0
+    assert summary["activations"] == "w4a16"
+    text = CliRunner().invoke(cli, ["convert", str(source), str(out), "--device", "cpu", "--no-progress"])
+    assert text.exit_code == 0 and "weight-only declared (quant_algo W4A16_NVFP4" in text.output
 
 
 def test_compressed_tensors_reads_the_output_as_modelopt_nvfp4(converted):

@@ -123,3 +123,19 @@ def test_shipped_model_closes_a_tool_call_it_opens():
     assert text.endswith("<|tool_call_end|>"), text
     args = json.loads(text.split("<|tool_call_argument_begin|>")[1].removesuffix("<|tool_call_end|>"))
     assert args["path"] == "json/__init__.py"
+
+
+def test_shipped_vision_config_has_k26_keys_and_fits_the_projector(reader):
+    """SGLang's K2VLMultiModalProjector reads vt_hidden_size and text_hidden_size (K2.6 ships both)."""
+    from kimi_nvfp4.demo_model.vision_stub import MERGE_KERNEL, vision_config
+
+    v = reader.config["vision_config"]
+    hidden = reader.layout.text.hidden_size
+    assert v == vision_config(hidden)  # the asset is what the exporter writes
+    for key in ("vt_hidden_size", "vt_num_hidden_layers", "vt_num_attention_heads", "vt_intermediate_size",
+                "mm_hidden_size", "text_hidden_size"):
+        assert key in v
+    merged = v["vt_hidden_size"] * MERGE_KERNEL[0] * MERGE_KERNEL[1]
+    assert reader.info("mm_projector.proj.0.weight").shape == (merged, merged)
+    assert reader.info("mm_projector.proj.2.weight").shape == (v["text_hidden_size"], merged)
+    assert v["text_hidden_size"] == hidden

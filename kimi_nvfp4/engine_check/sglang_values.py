@@ -1,0 +1,140 @@
+"""Value checks on what SGLang holds after loading and after its post-load processing (CPU builds).
+
+- expert bytes: each routed expert's packed weights and block scales sit in SGLang's fused w13 / w2
+  parameters bit for bit, in the half order the MoE method itself declares
+  (`load_up_proj_weight_first`: [up; gate] for flashinfer_trtllm), zero beyond the checkpoint's
+  extent where the method pads the intermediate size;
+- gate/up `weight_scale_2`: both halves of `w13_weight_scale_2` equal (the TRT-LLM/CUTLASS paths use
+  both, `_compute_gemm1_alphas`; Marlin keeps gate's); after processing `g1_alphas == g1_alphas_up`;
+- input scales: gate/up equal per expert, and the one scale the flashinfer backends serve a layer with
+  (`1 / w13_input_scale_quant`) is the max over experts, as SPEC §2 says.
+Checkpoint tensors are read with our own reader, by the engine module's name plus `.{expert}.{proj}`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..checkpoint.reader import CheckpointReader
+from .report import ValueCheck
+
+GATE_UP_PROJS = ("gate_proj", "up_proj")
+DOWN_PROJ = "down_proj"
+
+
+def _equal_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
+
+
+def _padded_equal(slot: torch.Tensor, src: torch.Tensor) -> bool:
+    """`slot` holds `src` at its origin and zeros elsewhere."""
+    if slot.ndim != src.ndim or any(a < b for a, b in zip(slot.shape, src.shape)):
+        return False
+    head = tuple(slice(0, n) for n in src.shape)
+    if not _equal_bits(slot[head], src):
+        return False
+    rest = slot.clone()
+    rest[head] = 0
+    return not bool((rest.view(torch.uint8) != 0).any())
+
+
+def check_expert_bytes(moe_layers: dict[str, torch.nn.Module], reader: CheckpointReader) -> ValueCheck:
+    checked, bad = 0, []
+    for prefix, layer in moe_layers.items():
+        up_first = bool(getattr(layer.quant_method, "load_up_proj_weight_first", False))
+        half = layer.w13_weight.shape[1] // 2
+        for e in range(layer.w13_weight.shape[0]):
+            mod = f"{prefix}.{e}"
+            names = {p: f"{mod}.{p}" for p in (*GATE_UP_PROJS, DOWN_PROJ)}
+            if not all(f"{n}.weight" in reader for n in names.values()):
+                continue
+            order = ("up_proj", "gate_proj") if up_first else GATE_UP_PROJS
+            for param, suffix in (("w13_weight", "weight"), ("w13_weight_scale", "weight_scale")):
+                for i, proj in enumerate(order):
+                    slot = getattr(layer, param).data[e, i * half : (i + 1) * half]
+                    checked += 1
+                    if not _padded_equal(slot, reader.load(f"{names[proj]}.{suffix}")):
+                        bad.append(f"{names[proj]}.{suffix} in {prefix}.{param}[{e}]")
+            for param, suffix in (("w2_weight", "weight"), ("w2_weight_scale", "weight_scale")):
+                checked += 1
+                if not _padded_equal(getattr(layer, param).data[e], reader.load(f"{names[DOWN_PROJ]}.{suffix}")):
+                    bad.append(f"{names[DOWN_PROJ]}.{suffix} in {prefix}.{param}[{e}]")
+    detail = f"{checked} expert tensors bit-exact in their w13/w2 slots" if not bad else f"differ: {bad[:5]}"
+    return ValueCheck(name="expert tensors in SGLang's fused parameters", passed=not bad and checked > 0,
+                      checked=checked, detail=detail if checked else "no expert tensor found to compare")
+
+
+def check_gate_up_scale_halves(moe_layers: dict[str, torch.nn.Module]) -> ValueCheck:
+    checked, bad = 0, []
+    for prefix, layer in moe_layers.items():
+        s = layer.w13_weight_scale_2.data
+        if s.ndim != 2 or s.shape[1] < 2:
+            continue
+        checked += s.shape[0]
+        diff = (s[:, 0] != s[:, 1]).nonzero().flatten().tolist()
+        bad += [f"{prefix} expert {e}" for e in diff]
+    return ValueCheck(
+        name="gate/up weight_scale_2 halves equal (w13_weight_scale_2[:, 0] == [:, 1])",
+        passed=not bad, checked=checked,
+        detail=f"{checked} experts; TRT-LLM/CUTLASS use both halves, Marlin keeps gate's" if not bad
+        else f"{len(bad)} experts differ: {bad[:5]}",
+    )
+
+
+def check_gate_up_input_scales(moe_layers: dict[str, torch.nn.Module], reader: CheckpointReader) -> ValueCheck:
+    """SGLang's FusedMoE loader writes each of gate's and up's input_scale into both halves of
+    w13_input_scale[e] (`_load_single_value`), so the one loaded last wins: they must be equal."""
+    checked, bad = 0, []
+    for prefix, layer in moe_layers.items():
+        for e in range(layer.w13_weight.shape[0]):
+            gate, up = (f"{prefix}.{e}.{p}.input_scale" for p in GATE_UP_PROJS)
+            if gate in reader and up in reader:
+                checked += 1
+                if not _equal_bits(reader.load(gate), reader.load(up)):
+                    bad.append(f"{prefix} expert {e}")
+    return ValueCheck(
+        name="gate/up input scales equal (SGLang keeps one: each is written into both halves)", passed=not bad,
+        checked=checked, detail=f"{checked} experts" if not bad else f"differ: {bad[:5]}",
+    )
+
+
+def snapshot_input_scales(moe_layers: dict[str, torch.nn.Module]) -> dict[str, torch.Tensor]:
+    """The loaded per-expert input scales, before processing replaces or reduces them."""
+    return {p: layer.w13_input_scale.data.detach().clone() for p, layer in moe_layers.items()}
+
+
+def check_post_load(moe_layers: dict[str, torch.nn.Module], loaded_input_scales: dict[str, torch.Tensor]) -> list[ValueCheck]:
+    alphas_checked, alphas_bad, reductions, reduction_bad = 0, [], [], []
+    for prefix, layer in moe_layers.items():
+        g1, g1_up = getattr(layer, "g1_alphas", None), getattr(layer, "g1_alphas_up", None)
+        if isinstance(g1, torch.Tensor) and isinstance(g1_up, torch.Tensor) and not bool(torch.isnan(g1).any()):
+            alphas_checked += g1.numel()
+            if not torch.equal(g1, g1_up):
+                alphas_bad.append(prefix)
+        served_quant = getattr(layer, "w13_input_scale_quant", None)
+        loaded = loaded_input_scales.get(prefix)
+        if isinstance(served_quant, torch.Tensor) and served_quant.numel() == 1 and loaded is not None:
+            if bool(torch.isnan(loaded).any()):
+                continue
+            served = float(1.0 / served_quant.float())
+            expected = float(loaded.max())
+            reductions.append(f"{prefix}: served {served:.4g}, experts {float(loaded.min()):.4g}..{expected:.4g}")
+            if not torch.isclose(torch.tensor(served), torch.tensor(expected), rtol=1e-6):
+                reduction_bad.append(prefix)
+    out = []
+    if alphas_checked:
+        out.append(ValueCheck(
+            name="g1_alphas == g1_alphas_up after processing (one alpha for gate and up)", passed=not alphas_bad,
+            checked=alphas_checked,
+            detail=f"{alphas_checked} experts" if not alphas_bad else f"differ in {alphas_bad[:5]}",
+        ))
+    if reductions:
+        out.append(ValueCheck(
+            name="served input scale = max over the layer's experts (flashinfer backends)", passed=not reduction_bad,
+            checked=len(reductions),
+            detail="; ".join(reductions[:3]) + (" ..." if len(reductions) > 3 else "") if not reduction_bad
+            else f"not the max in {reduction_bad[:5]}",
+        ))
+    return out
