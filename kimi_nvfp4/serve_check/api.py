@@ -16,6 +16,7 @@ from ..errors import GateFailure, KimiNvfp4Error
 from .client import ChatClient
 from .gpu_fit import GpuInfo, check_gpu_fit, checkpoint_weight_gib
 from .launcher import DEFAULT_READY_TIMEOUT_S, ManagedServer, ServerLaunchError
+from .load_fit import check_reference_fit
 from .loadgen import LoadSweep, run_sweep_async
 from .profiles import DEFAULT_HOST, DEFAULT_PORT, build_launch_command, get_profile
 from .quality.agreement import AgreementSamples, collect_agreement_samples, score_agreement
@@ -26,10 +27,12 @@ from .report import (Gates, QualityConfig, QualityReport, ServeCheckReport, Targ
 from .workload import LoadConfig
 
 SERVE_CHECK_STAGE = "serve_check"
+# A comparison target runs only the load sweep.
+_LOAD_ONLY = QualityConfig(humaneval=False, tool_calls=False, agreement=False)
 URL_PROBE_TIMEOUT_S = 30.0
 SERVER_INFO_KEYS = ("model_path", "served_model_name", "context_length", "max_total_num_tokens", "tp_size",
                     "dp_size", "quantization", "kv_cache_dtype", "disable_radix_cache", "moe_runner_backend",
-                    "attention_backend", "version", "reference_emulator", "emulated_activations")
+                    "attention_backend", "version", "reference_emulator", "emulated_activations", "vocab_size")
 
 
 def is_url(spec: str) -> bool:
@@ -167,6 +170,8 @@ def run_serve_check(
     spec = url or profile
     with serving(checkpoint, spec, report_dir, extra_args=extra_args, port=port, ready_timeout_s=ready_timeout_s,
                  gpus=gpus) as target:
+        if target.reference_emulator:  # a CPU emulator: size the work to it, or stop now
+            check_reference_fit(target.url, target.server_info, load, quality)
         sweep = None
         if load is not None and load.concurrency:
             sweep = asyncio.run(run_sweep_async(target.url, load, label=target.label,
@@ -180,6 +185,8 @@ def run_serve_check(
     if compare is not None and load is not None and load.concurrency:
         with serving(checkpoint, compare, report_dir, extra_args=compare_extra_args, port=port,
                      ready_timeout_s=ready_timeout_s, gpus=gpus) as compare_target:
+            if compare_target.reference_emulator:
+                check_reference_fit(compare_target.url, compare_target.server_info, load, _LOAD_ONLY)
             compare_sweep = asyncio.run(run_sweep_async(compare_target.url, load, label=compare_target.label,
                                                         num_gpus=_num_gpus(load, compare_target), progress=progress))
     gates = quality.gates or (Gates.reference() if target.reference_emulator else Gates.production())

@@ -234,6 +234,7 @@ class ReferenceApp:
             "model_path": self.engine.model_path,
             "served_model_name": self.engine.model_name,
             "context_length": self.engine.context_length,
+            "vocab_size": self.engine.vocab_size,
             "max_total_num_tokens": cache.max_tokens if cache is not None else 0,
             "disable_radix_cache": cache is None,
             "tp_size": 1,
