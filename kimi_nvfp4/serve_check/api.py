@@ -23,7 +23,7 @@ from .quality.agreement import AgreementSamples, collect_agreement_samples, scor
 from .quality.humaneval import run_humaneval
 from .quality.tool_calls import run_tool_call_check
 from .report import (Gates, QualityConfig, QualityReport, ServeCheckReport, TargetInfo, evaluate_gates,
-                     write_report)
+                     summarise_checks, write_report)
 from .workload import LoadConfig
 
 SERVE_CHECK_STAGE = "serve_check"
@@ -190,10 +190,11 @@ def run_serve_check(
             compare_sweep = asyncio.run(run_sweep_async(compare_target.url, load, label=compare_target.label,
                                                         num_gpus=_num_gpus(load, compare_target), progress=progress))
     gates = quality.gates or (Gates.reference() if target.reference_emulator else Gates.production())
-    results = evaluate_gates(gates, sweep, quality_report, quality)
+    results = evaluate_gates(gates, sweep, quality_report, quality, target.reference_emulator)
     report = ServeCheckReport(
         tool_version=__version__, checkpoint=str(checkpoint), started_at=started, finished_at=_now(),
         target=target, load=sweep, compare_target=compare_target, compare=compare_sweep, quality=quality_report,
+        checks=summarise_checks(sweep, quality_report, quality, target.reference_emulator),
         gates=results, passed=all(g.passed for g in results),
     )
     write_report(report, report_dir)
@@ -226,6 +227,7 @@ def _record_stage(checkpoint: Path, report: ServeCheckReport, report_dir: Path, 
 def raise_on_failure(report: ServeCheckReport) -> None:
     failed = report.failed_gates()
     if failed:
-        what = "; ".join(f"{g.name} = {g.value if g.value is not None else 'not measured'} "
+        what = "; ".join(f"{g.name}: crashed ({g.error})" if g.error else
+                         f"{g.name} = {g.value if g.value is not None else 'not measured'} "
                          f"(needs {g.comparison} {g.threshold:g})" for g in failed)
         raise GateFailure(f"serve-check failed {len(failed)} gate(s): {what}")
