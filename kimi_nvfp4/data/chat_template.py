@@ -5,7 +5,10 @@ with the same options and helpers as transformers' `_cached_compile_jinja_templa
 (transformers/utils/chat_template_utils.py: trim_blocks, lstrip_blocks, loopcontrols, a `tojson`
 that does not HTML-escape, `raise_exception`, `strftime_now`), so a template written for
 `AutoTokenizer.apply_chat_template` renders byte for byte the same here. Nothing from the
-checkpoint folder is ever imported or executed.
+checkpoint folder is ever imported or executed, and rendering is bounded in time and size
+(template_sandbox.BoundedSandbox): a template bomb is a `ChatTemplateError`, not a hang.
+Templates may not load other templates (`include`, `import`, `from`, `extends`): there is no
+loader, and the error says so.
 """
 
 from __future__ import annotations
@@ -18,9 +21,12 @@ from typing import Any, Mapping, Sequence
 
 import jinja2
 import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2 import nodes
 
 from ..errors import CheckpointError
+from .errors import ChatTemplateError
+from .template_sandbox import (RENDER_TIME_BUDGET_S, BoundedSandbox, TemplateBudgetExceeded, collect_output,
+                               within_budget)
 
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
@@ -29,6 +35,9 @@ DEFAULT_TEMPLATE_NAME = "default"
 # transformers copies these legacy names for a message's reasoning into `reasoning_content`
 # (chat_template_utils._alias_reasoning_fields); Kimi's template reads `reasoning_content`.
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+# Tags that load another template: a chat template is one self-contained file.
+_LOADING_TAGS = {nodes.Include: "include", nodes.Import: "import", nodes.FromImport: "from ... import",
+                 nodes.Extends: "extends"}
 
 
 class _GenerationTag(jinja2.ext.Extension):
@@ -62,8 +71,8 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
-def _make_environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(
+def _make_environment() -> BoundedSandbox:
+    env = BoundedSandbox(
         trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
     )
     env.filters["tojson"] = _tojson
@@ -109,28 +118,51 @@ class ChatTemplate:
 
     source: str
     origin: str  # file the template was read from
+    time_budget_s: float = RENDER_TIME_BUDGET_S  # for compiling, and for each render
 
     def __post_init__(self) -> None:
+        env = _make_environment()
         try:
-            compiled = _make_environment().from_string(self.source)
+            compiled = within_budget(lambda: self._compile(env), self.time_budget_s)
         except jinja2.exceptions.TemplateSyntaxError as e:
-            raise CheckpointError(f"chat template does not parse (line {e.lineno}: {e.message})",
-                                  file=self.origin) from e
+            raise ChatTemplateError(f"chat template does not parse (line {e.lineno}: {e.message})",
+                                    file=self.origin) from e
+        except TemplateBudgetExceeded as e:
+            raise ChatTemplateError(f"chat template went past a limit while compiling: {e}", file=self.origin) from None
         object.__setattr__(self, "_compiled", compiled)
+
+    def _compile(self, env: BoundedSandbox) -> jinja2.Template:
+        tree = env.parse(self.source)
+        for node_type, tag in _LOADING_TAGS.items():
+            for node in tree.find_all(node_type):
+                raise ChatTemplateError(f"chat template uses {{% {tag} %}} (line {node.lineno}): a chat template "
+                                        "must be one self-contained file; loading other templates is not allowed",
+                                        file=self.origin)
+        return env.from_string(tree)
 
     def render(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None = None,
                add_generation_prompt: bool = True, special_tokens: Mapping[str, str] | None = None,
                **template_kwargs: Any) -> str:
-        """Render `messages` (OpenAI chat format dicts) to the prompt string."""
+        """Render `messages` (OpenAI chat format dicts) to the prompt string.
+
+        Raises ChatTemplateError when the template fails, or goes past a limit of
+        template_sandbox (time, output size, integer or string size).
+        """
         plain_messages = [alias_reasoning(_plain(m)) for m in messages]
         plain_tools = _plain(list(tools)) if tools else None
         variables = dict(special_tokens or {})
         variables.update(_plain(template_kwargs))
         variables.update(messages=plain_messages, tools=plain_tools, add_generation_prompt=add_generation_prompt)
+        compiled: jinja2.Template = self._compiled  # type: ignore[attr-defined]
         try:
-            return self._compiled.render(**variables)  # type: ignore[attr-defined]
+            return within_budget(lambda: collect_output(compiled.generate(**variables)), self.time_budget_s)
+        except TemplateBudgetExceeded as e:
+            raise ChatTemplateError(f"chat template went past a limit while rendering: {e}", file=self.origin) from None
         except jinja2.exceptions.TemplateError as e:
-            raise CheckpointError(f"chat template failed to render: {e}", file=self.origin) from e
+            raise ChatTemplateError(f"chat template failed to render: {e}", file=self.origin) from e
+        except Exception as e:  # the template's own bug (1/0, a bad call): name it, no traceback
+            raise ChatTemplateError(f"chat template failed to render: {type(e).__name__}: {e}",
+                                    file=self.origin) from e
 
 
 def find_chat_template(checkpoint_dir: Path, tokenizer_config: Mapping[str, Any] | None) -> ChatTemplate | None:
@@ -141,7 +173,7 @@ def find_chat_template(checkpoint_dir: Path, tokenizer_config: Mapping[str, Any]
         try:
             return ChatTemplate(path.read_text(encoding="utf-8"), str(path))
         except UnicodeDecodeError as e:
-            raise CheckpointError("chat template is not UTF-8 text", file=path) from e
+            raise ChatTemplateError("chat template is not UTF-8 text", file=path) from e
     if not tokenizer_config:
         return None
     config_path = str(checkpoint_dir / TOKENIZER_CONFIG_FILE)

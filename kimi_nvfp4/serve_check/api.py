@@ -16,20 +16,23 @@ from ..errors import GateFailure, KimiNvfp4Error
 from .client import ChatClient
 from .gpu_fit import GpuInfo, check_gpu_fit, checkpoint_weight_gib
 from .launcher import DEFAULT_READY_TIMEOUT_S, ManagedServer, ServerLaunchError
+from .load_fit import check_reference_fit
 from .loadgen import LoadSweep, run_sweep_async
 from .profiles import DEFAULT_HOST, DEFAULT_PORT, build_launch_command, get_profile
 from .quality.agreement import AgreementSamples, collect_agreement_samples, score_agreement
 from .quality.humaneval import run_humaneval
 from .quality.tool_calls import run_tool_call_check
 from .report import (Gates, QualityConfig, QualityReport, ServeCheckReport, TargetInfo, evaluate_gates,
-                     write_report)
+                     summarise_checks, write_report)
 from .workload import LoadConfig
 
 SERVE_CHECK_STAGE = "serve_check"
+# A comparison target runs only the load sweep.
+_LOAD_ONLY = QualityConfig(humaneval=False, tool_calls=False, agreement=False)
 URL_PROBE_TIMEOUT_S = 30.0
 SERVER_INFO_KEYS = ("model_path", "served_model_name", "context_length", "max_total_num_tokens", "tp_size",
                     "dp_size", "quantization", "kv_cache_dtype", "disable_radix_cache", "moe_runner_backend",
-                    "attention_backend", "version", "reference_emulator", "emulated_activations")
+                    "attention_backend", "version", "reference_emulator", "emulated_activations", "vocab_size")
 
 
 def is_url(spec: str) -> bool:
@@ -167,6 +170,8 @@ def run_serve_check(
     spec = url or profile
     with serving(checkpoint, spec, report_dir, extra_args=extra_args, port=port, ready_timeout_s=ready_timeout_s,
                  gpus=gpus) as target:
+        if target.reference_emulator:  # a CPU emulator: size the work to it, or stop now
+            check_reference_fit(target.url, target.server_info, load, quality)
         sweep = None
         if load is not None and load.concurrency:
             sweep = asyncio.run(run_sweep_async(target.url, load, label=target.label,
@@ -180,13 +185,16 @@ def run_serve_check(
     if compare is not None and load is not None and load.concurrency:
         with serving(checkpoint, compare, report_dir, extra_args=compare_extra_args, port=port,
                      ready_timeout_s=ready_timeout_s, gpus=gpus) as compare_target:
+            if compare_target.reference_emulator:
+                check_reference_fit(compare_target.url, compare_target.server_info, load, _LOAD_ONLY)
             compare_sweep = asyncio.run(run_sweep_async(compare_target.url, load, label=compare_target.label,
                                                         num_gpus=_num_gpus(load, compare_target), progress=progress))
     gates = quality.gates or (Gates.reference() if target.reference_emulator else Gates.production())
-    results = evaluate_gates(gates, sweep, quality_report, quality)
+    results = evaluate_gates(gates, sweep, quality_report, quality, target.reference_emulator)
     report = ServeCheckReport(
         tool_version=__version__, checkpoint=str(checkpoint), started_at=started, finished_at=_now(),
         target=target, load=sweep, compare_target=compare_target, compare=compare_sweep, quality=quality_report,
+        checks=summarise_checks(sweep, quality_report, quality, target.reference_emulator),
         gates=results, passed=all(g.passed for g in results),
     )
     write_report(report, report_dir)
@@ -219,6 +227,7 @@ def _record_stage(checkpoint: Path, report: ServeCheckReport, report_dir: Path, 
 def raise_on_failure(report: ServeCheckReport) -> None:
     failed = report.failed_gates()
     if failed:
-        what = "; ".join(f"{g.name} = {g.value if g.value is not None else 'not measured'} "
+        what = "; ".join(f"{g.name}: crashed ({g.error})" if g.error else
+                         f"{g.name} = {g.value if g.value is not None else 'not measured'} "
                          f"(needs {g.comparison} {g.threshold:g})" for g in failed)
         raise GateFailure(f"serve-check failed {len(failed)} gate(s): {what}")

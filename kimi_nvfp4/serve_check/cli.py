@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from .engine_worker import DEFAULT_MAX_PENDING
 from .launcher import DEFAULT_READY_TIMEOUT_S
 from .profiles import DEFAULT_PORT, PROFILES, parse_extra_args
 
@@ -96,11 +97,17 @@ def serve_check_command(checkpoint, profile, url, report_dir, compare, extra_arg
               help="emulate Blackwell W4A4 or Hopper Marlin W4A16 experts")
 @click.option("--prefix-cache-tokens", type=int, default=None, help="prefix cache budget in tokens")
 @click.option("--model-name", default=None, help="served model name (default: folder name)")
-def serve_reference_command(checkpoint, host, port, device, activations, prefix_cache_tokens, model_name):
+@click.option("--max-queued-requests", type=click.IntRange(min=1), default=DEFAULT_MAX_PENDING, show_default=True,
+              help="requests held at once (one runs, the rest wait); one more gets HTTP 503")
+@click.option("--max-new-tokens-limit", type=click.IntRange(min=1), default=None,
+              help="cap on the tokens one request may generate (default: the model's context)")
+def serve_reference_command(checkpoint, host, port, device, activations, prefix_cache_tokens, model_name,
+                            max_queued_requests, max_new_tokens_limit):
     """Serve an NVFP4 CHECKPOINT through the reference emulator with the subset of SGLang's HTTP API
     that serve-check uses (chat completions with streaming, usage and cached tokens; /generate;
     /health_generate; /v1/models; /get_server_info). Slow but exact: for CI and for debugging a
-    checkpoint on a machine without Blackwell GPUs. Ctrl-C stops it.
+    checkpoint on a machine without Blackwell GPUs. SIGTERM or Ctrl-C stops it, also mid-request
+    (exit 0); a busy port exits 6.
     """
     from .engine import DEFAULT_PREFIX_CACHE_TOKENS, EmulatorEngine
     from .reference_server import serve_forever
@@ -108,4 +115,5 @@ def serve_reference_command(checkpoint, host, port, device, activations, prefix_
     engine = EmulatorEngine(checkpoint, device=device, activations=activations, model_name=model_name,
                             prefix_cache_tokens=prefix_cache_tokens or DEFAULT_PREFIX_CACHE_TOKENS)
     click.echo(f"serving {checkpoint} ({activations}, {device}) on http://{host}:{port}", err=True)
-    serve_forever(engine, host, port)
+    serve_forever(engine, host, port, max_pending=max_queued_requests, max_new_tokens_limit=max_new_tokens_limit)
+    click.echo("serve-reference stopped", err=True)

@@ -18,6 +18,9 @@ import torch
 from .prefix_cache import PrefixCache
 
 DEFAULT_PREFIX_CACHE_TOKENS = 1 << 20
+# DeepSeek-V3/K2 configs always name max_position_embeddings; this is for hand-made ones.
+DEFAULT_CONTEXT_LENGTH = 4096
+GENERATION_CONFIG_FILE = "generation_config.json"
 UNKNOWN_TOKEN_TEXT = "<|unk_{}|>"
 
 
@@ -55,6 +58,8 @@ class GenerationEngine(Protocol):
     activations: str  # what the engine emulates: "w4a4" (Blackwell) or "w4a16" (Hopper Marlin)
     model_path: str
     context_length: int
+    vocab_size: int  # token ids a request may send are 0 .. vocab_size - 1
+    generation_defaults: dict  # generation_config.json's temperature/top_p, for requests that name none
 
     def render_chat(self, messages: list[dict], tools: list[dict] | None, **template_kwargs) -> list[int]: ...
 
@@ -113,7 +118,10 @@ class EmulatorEngine:
         self.model = K2Model(self.source, device=device)
         self.device = device
         self.activations = activations
-        self.context_length = int(_context_length(checkpoint))
+        text_config = _text_config(checkpoint)
+        self.context_length = int(text_config.get("max_position_embeddings", DEFAULT_CONTEXT_LENGTH))
+        self.vocab_size = int(text_config.get("vocab_size", self.tokenizer.vocab_size))
+        self.generation_defaults = _generation_defaults(checkpoint)
         self.stop_ids = frozenset(self.tokenizer.stop_ids)  # eos, <|im_end|>, generation_config eos
         self._cache: PrefixCache = PrefixCache(prefix_cache_tokens)
 
@@ -181,8 +189,15 @@ class EmulatorEngine:
             self._cache.insert(list(prompt_ids) + out[:-1], cache)
 
 
-def _context_length(checkpoint: str | Path) -> int:
+def _text_config(checkpoint: str | Path) -> dict:
     cfg = json.loads((Path(checkpoint) / "config.json").read_text())
-    text = cfg.get("text_config", cfg)
-    return int(text.get("max_position_embeddings", 4096))
+    return cfg.get("text_config", cfg)
 
+
+def _generation_defaults(checkpoint: str | Path) -> dict:
+    """Sampling defaults from generation_config.json (SGLang reads them for requests that name none)."""
+    path = Path(checkpoint) / GENERATION_CONFIG_FILE
+    if not path.is_file():
+        return {}
+    cfg = json.loads(path.read_text())
+    return {k: float(cfg[k]) for k in ("temperature", "top_p") if isinstance(cfg.get(k), (int, float))}

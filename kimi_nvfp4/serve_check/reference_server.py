@@ -7,18 +7,24 @@ Endpoints (shapes follow sglang/srt/entrypoints/http_server.py and its OpenAI ad
                               tools -> kimi_k2 tool_calls; <think> -> reasoning_content; logprobs;
                               SGLang's `ignore_eos`)
   POST /generate             (SGLang native: input_ids or text, sampling_params, return_logprob)
-Requests run one at a time on a single engine thread (the emulator is not batched); queued requests
-wait, which is what their TTFT then shows.
+
+One request cannot monopolise it: requests are validated before they queue (server_requests: a
+prompt or a token budget beyond the context is a 400), at most `max_pending` are held (one more is
+a 503), a request whose client went away stops at its next token (or never starts), rendering runs
+off the event loop in its own thread (a template bomb is a 400 within the template budget), and
+stopping the server (SIGTERM/SIGINT, `ReferenceServer.stop`) stops every request at its next token.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -26,16 +32,21 @@ from aiohttp import web
 from .. import __version__
 from ..errors import KimiNvfp4Error
 from .engine import GenerationEngine, SamplingParams
+from .engine_worker import DEFAULT_MAX_PENDING, EngineWorker, RequestCancelled
 from .kimi_parsers import THINK_BEGIN, StreamSplitter, parse_tool_calls, split_reasoning
+from .launcher import ServerLaunchError
+from .server_requests import (BadRequest, ServerBusy, parse_chat_request, parse_generate_request,
+                              resolve_max_new_tokens, sampling_params)
 
-DEFAULT_MAX_TOKENS = 256
 HEALTH_MAX_TOKENS = 1
 READY_TIMEOUT_S = 60.0
 REPLACEMENT_CHAR = "\ufffd"  # a partial UTF-8 sequence: wait for the next token before emitting
-
-
-class BadRequest(Exception):
-    pass
+# How often a waiting request looks whether its client is still connected.
+DISCONNECT_POLL_S = 0.2
+# After SIGTERM/SIGINT: how long open connections get to finish (their requests stop at the next token).
+SHUTDOWN_GRACE_S = 5.0
+# 100k-token prompts are megabytes of JSON.
+MAX_BODY_BYTES = 256 * 1024 * 1024
 
 
 @dataclass
@@ -51,19 +62,49 @@ class _Generated:
     finish_reason: str = "length"
 
 
-_DONE = object()
+class _ClientGone(Exception):
+    pass
+
+
+@dataclass
+class _Job:
+    """One admitted generation as the event loop follows it."""
+
+    wake: asyncio.Event
+    deltas: list[str] = field(default_factory=list)
+    cfut: Future | None = None
+    fut: asyncio.Future | None = None
+    cancelled: threading.Event | None = None
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+        self.cfut.cancel()  # still waiting: never starts
+
+
+def _client_gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
 
 
 class ReferenceApp:
-    """aiohttp handlers bound to one engine."""
+    """aiohttp handlers bound to one engine.
 
-    def __init__(self, engine: GenerationEngine):
+    :param max_pending: requests held at once (running + waiting); one more gets a 503.
+    :param max_new_tokens_limit: cap on the tokens one request may generate (SGLang's
+        SGLANG_MAX_NEW_TOKENS_LIMIT); None: the model's context is the only limit.
+    """
+
+    def __init__(self, engine: GenerationEngine, *, max_pending: int = DEFAULT_MAX_PENDING,
+                 max_new_tokens_limit: int | None = None):
         self.engine = engine
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+        self.max_new_tokens_limit = max_new_tokens_limit
+        self.worker = EngineWorker("engine", max_pending)
+        # templates render in their own thread: the event loop stays free while one runs to its budget
+        self.renderer = EngineWorker("render", max_pending)
         self.requests_served = 0
 
     def build(self) -> web.Application:
-        app = web.Application(client_max_size=256 * 1024 * 1024)  # 100k-token prompts are megabytes
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
         app.router.add_get("/health", self.health)
         app.router.add_get("/health_generate", self.health_generate)
         app.router.add_get("/v1/models", self.models)
@@ -71,22 +112,20 @@ class ReferenceApp:
         app.router.add_get("/server_info", self.server_info)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/generate", self.generate)
-        app.on_cleanup.append(self._shutdown)
+        app.on_shutdown.append(self._shutdown)
         return app
 
-    async def _shutdown(self, app) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+    async def _shutdown(self, app: web.Application) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop every request at its next token and refuse new ones."""
+        self.worker.stop()
+        self.renderer.stop()
 
     # --- engine thread ------------------------------------------------------------------------
-    def _generate_blocking(self, prompt_ids, params, emit, cancelled: threading.Event) -> _Generated:
-        if len(prompt_ids) + 1 > self.engine.context_length:
-            raise BadRequest(
-                f"prompt has {len(prompt_ids)} tokens; the model's context is {self.engine.context_length}"
-            )
-        params = SamplingParams(
-            max_new_tokens=min(params.max_new_tokens, self.engine.context_length - len(prompt_ids)),
-            temperature=params.temperature, top_p=params.top_p, seed=params.seed, ignore_eos=params.ignore_eos,
-        )
+    def _generate_blocking(self, prompt_ids: list[int], params: SamplingParams, emit: Callable[[str], None] | None,
+                           cancelled: threading.Event) -> _Generated:
         stream = self.engine.start(list(prompt_ids), params)
         out = _Generated(prompt_tokens=len(prompt_ids), cached_tokens=stream.cached_tokens)
         emitted = ""
@@ -103,6 +142,7 @@ class ReferenceApp:
                 emit(text[len(emitted):])
                 emitted = text
             if cancelled.is_set():
+                stream.finish_reason = "abort"  # SGLang's finish reason for an aborted request
                 break
         out.finish_reason = stream.finish_reason
         out.text = self.engine.decode(text_ids)
@@ -111,23 +151,65 @@ class ReferenceApp:
         self.requests_served += 1
         return out
 
-    async def _run(self, prompt_ids, params, on_delta=None) -> _Generated:
-        loop = asyncio.get_running_loop()
-        cancelled = threading.Event()
-        queue: asyncio.Queue = asyncio.Queue()
-        emit = (lambda d: loop.call_soon_threadsafe(queue.put_nowait, d)) if on_delta else None
-        fut = loop.run_in_executor(self._executor, self._generate_blocking, prompt_ids, params, emit, cancelled)
-        if on_delta is None:
-            return await fut
-        fut.add_done_callback(lambda _: loop.call_soon_threadsafe(queue.put_nowait, _DONE))
+    async def _render(self, messages: list[dict], tools: list[dict] | None, template_kwargs: dict) -> list[int]:
+        fut, _ = self.renderer.submit(lambda cancelled: self.engine.render_chat(messages, tools, **template_kwargs))
         try:
-            while (item := await queue.get()) is not _DONE:
-                if item:
-                    await on_delta(item)
-        except (ConnectionResetError, asyncio.CancelledError):
-            cancelled.set()
+            return await asyncio.wrap_future(fut)
+        except KimiNvfp4Error as e:  # the template refused these messages (or went past its budget)
+            raise BadRequest(str(e)) from None
+
+    def _submit(self, prompt_ids: list[int], params: SamplingParams, streaming: bool = False) -> _Job:
+        """Admit one generation (ServerBusy when the queue is full); `_wait` then follows it."""
+        loop = asyncio.get_running_loop()
+        job = _Job(wake=asyncio.Event())
+
+        def push(delta: str) -> None:
+            job.deltas.append(delta)
+            job.wake.set()
+
+        emit = (lambda d: loop.call_soon_threadsafe(push, d)) if streaming else None
+        job.cfut, job.cancelled = self.worker.submit(self._generate_blocking, prompt_ids, params, emit)
+        job.fut = asyncio.wrap_future(job.cfut)
+        job.fut.add_done_callback(lambda _: job.wake.set())
+        return job
+
+    async def _wait(self, request: web.Request, job: _Job,
+                    on_delta: Callable[[str], Awaitable[None]] | None = None) -> _Generated:
+        """The job's result, passing text deltas on; stops the job when the client leaves."""
+        try:
+            while True:
+                try:
+                    await asyncio.wait_for(job.wake.wait(), DISCONNECT_POLL_S)
+                except TimeoutError:
+                    pass
+                job.wake.clear()
+                while job.deltas and on_delta is not None:
+                    await on_delta(job.deltas.pop(0))
+                if job.fut.done():
+                    return job.fut.result()
+                if _client_gone(request):
+                    raise _ClientGone()
+        except (_ClientGone, ConnectionResetError, asyncio.CancelledError):
+            job.cancel()
             raise
-        return await fut
+
+    async def _run(self, request: web.Request, prompt_ids: list[int], params: SamplingParams) -> _Generated:
+        return await self._wait(request, self._submit(prompt_ids, params))
+
+    async def _handle(self, handler: Callable[[], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        """Typed failures become their status; an engine failure is a named 500, never a bare one."""
+        try:
+            return await handler()
+        except (BadRequest, ServerBusy) as e:
+            return _error(e.status, str(e))
+        except RequestCancelled as e:
+            return _error(503, f"request cancelled: {e}")
+        except _ClientGone:
+            return web.Response(status=499)  # nobody reads it; nginx's code for a closed client
+        except json.JSONDecodeError as e:
+            return _error(400, f"the request body is not JSON ({e.msg} at char {e.pos})")
+        except Exception as e:
+            return _error(500, f"generation failed: {type(e).__name__}: {e}")
 
     # --- handlers -----------------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
@@ -135,8 +217,8 @@ class ReferenceApp:
 
     async def health_generate(self, request: web.Request) -> web.Response:
         try:
-            ids = self.engine.render_chat([{"role": "user", "content": "ping"}], None)
-            await self._run(ids, SamplingParams(max_new_tokens=HEALTH_MAX_TOKENS))
+            ids = await self._render([{"role": "user", "content": "ping"}], None, {})
+            await self._run(request, ids, SamplingParams(max_new_tokens=HEALTH_MAX_TOKENS))
         except Exception as e:  # a broken engine must read as unhealthy, not crash the server
             return web.Response(status=503, text=f"generation failed: {e}")
         return web.Response(text="OK")
@@ -152,7 +234,8 @@ class ReferenceApp:
             "model_path": self.engine.model_path,
             "served_model_name": self.engine.model_name,
             "context_length": self.engine.context_length,
-            "max_total_num_tokens": cache.max_tokens if cache else 0,
+            "vocab_size": self.engine.vocab_size,
+            "max_total_num_tokens": cache.max_tokens if cache is not None else 0,
             "disable_radix_cache": cache is None,
             "tp_size": 1,
             "quantization": "modelopt_fp4",
@@ -160,28 +243,24 @@ class ReferenceApp:
             "version": f"kimi-nvfp4 {__version__} reference emulator",
             "reference_emulator": True,
             "emulated_activations": getattr(self.engine, "activations", None),
+            "max_queued_requests": self.worker.max_pending,
+            "max_new_tokens_limit": self.max_new_tokens_limit,
+            # an empty cache is still a cache: report it, zeros included
             "prefix_cache": {"cached_tokens": cache.cached_tokens, "snapshots": len(cache),
-                             "hit_rate": cache.stats.hit_rate} if cache else None,
+                             "hit_rate": cache.stats.hit_rate} if cache is not None else None,
         })
 
-    async def generate(self, request: web.Request) -> web.Response:
-        try:
-            body = await request.json()
-            if "input_ids" in body:
-                ids = [int(t) for t in body["input_ids"]]
-            elif "text" in body:
-                ids = self.engine.encode(str(body["text"]))
-            else:
-                raise BadRequest("expected 'input_ids' or 'text'")
-            params = _sampling_from_native(body.get("sampling_params") or {})
-        except (BadRequest, ValueError, TypeError, json.JSONDecodeError) as e:
-            return _error(400, str(e))
-        try:
-            out = await self._run(ids, params)
-        except BadRequest as e:
-            return _error(400, str(e))
-        except Exception as e:  # the engine failed: say why instead of a bare 500
-            return _error(500, f"generation failed: {type(e).__name__}: {e}")
+    def _budget(self, requested: int | None, prompt_ids: list[int]) -> int:
+        return resolve_max_new_tokens(requested, len(prompt_ids), self.engine.context_length, self.max_new_tokens_limit)
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(lambda: self._generate(request))
+
+    async def _generate(self, request: web.Request) -> web.Response:
+        body = parse_generate_request(await request.json(), self.engine.vocab_size)
+        ids = body.input_ids if body.input_ids is not None else self.engine.encode(body.text or "")
+        params = sampling_params(self._budget(body.max_new_tokens, ids), body.sampling)
+        out = await self._run(request, ids, params)
         meta = {
             "id": uuid.uuid4().hex, "prompt_tokens": out.prompt_tokens, "completion_tokens": len(out.output_ids),
             "cached_tokens": out.cached_tokens,
@@ -189,58 +268,48 @@ class ReferenceApp:
                                                             if out.finish_reason == "stop" else
                                                             {"length": len(out.output_ids)})},
         }
-        if body.get("return_logprob"):
+        if body.return_logprob:
             meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(out.logprobs, out.output_ids)]
         return web.json_response({"text": out.text, "output_ids": out.output_ids, "meta_info": meta})
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        try:
-            body = await request.json()
-            messages = body.get("messages")
-            if not isinstance(messages, list) or not messages:
-                raise BadRequest("'messages' must be a non-empty list")
-            tools = body.get("tools") or None
-            if body.get("tool_choice") == "none":
-                tools = None
-            template_kwargs = body.get("chat_template_kwargs") or {}
-            if not isinstance(template_kwargs, dict):
-                raise BadRequest("'chat_template_kwargs' must be an object")
-            prompt_ids = self.engine.render_chat(messages, tools, **template_kwargs)
-            params = _sampling_from_openai(body)
-        except (BadRequest, ValueError, TypeError, KeyError, json.JSONDecodeError) as e:
-            return _error(400, str(e))
+        return await self._handle(lambda: self._chat(request))
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        req = parse_chat_request(await request.json(), getattr(self.engine, "generation_defaults", None))
+        prompt_ids = await self._render(req.messages, req.tools, req.template_kwargs)
+        params = sampling_params(self._budget(req.max_new_tokens, prompt_ids), req.sampling)
         in_reasoning = self.engine.decode(prompt_ids[-4:]).rstrip().endswith(THINK_BEGIN)
         rid = "chatcmpl-" + uuid.uuid4().hex
         created = int(time.time())
-        want_logprobs = bool(body.get("logprobs"))
-        if not body.get("stream"):
-            try:
-                out = await self._run(prompt_ids, params)
-            except BadRequest as e:
-                return _error(400, str(e))
-            except Exception as e:
-                return _error(500, f"generation failed: {type(e).__name__}: {e}")
-            reasoning, content = split_reasoning(out.text, in_reasoning=in_reasoning)
-            calls = []
-            if tools:
-                content, calls = parse_tool_calls(content)
-            message: dict = {"role": "assistant", "content": content if content or not calls else None}
-            if reasoning:
-                message["reasoning_content"] = reasoning
-            if calls:
-                message["tool_calls"] = [c.to_openai(i) for i, c in enumerate(calls)]
-            finish = "tool_calls" if calls else out.finish_reason
-            return web.json_response({
-                "id": rid, "object": "chat.completion", "created": created, "model": self.engine.model_name,
-                "choices": [{"index": 0, "message": message, "finish_reason": finish,
-                             "logprobs": _openai_logprobs(out) if want_logprobs else None}],
-                "usage": _usage(out),
-            })
-        return await self._stream_chat(request, body, prompt_ids, params, tools, in_reasoning, rid, created)
+        if req.stream:
+            return await self._stream_chat(request, req, prompt_ids, params, in_reasoning, rid, created)
+        out = await self._run(request, prompt_ids, params)
+        reasoning, content = split_reasoning(out.text, in_reasoning=in_reasoning)
+        calls = []
+        if req.tools:
+            content, calls = parse_tool_calls(content)
+        message: dict = {"role": "assistant", "content": content if content or not calls else None}
+        if reasoning:
+            message["reasoning_content"] = reasoning
+        if calls:
+            message["tool_calls"] = [c.to_openai(i) for i, c in enumerate(calls)]
+        finish = "tool_calls" if calls else out.finish_reason
+        return web.json_response({
+            "id": rid, "object": "chat.completion", "created": created, "model": self.engine.model_name,
+            "choices": [{"index": 0, "message": message, "finish_reason": finish,
+                         "logprobs": _openai_logprobs(out) if req.logprobs else None}],
+            "usage": _usage(out),
+        })
 
-    async def _stream_chat(self, request, body, prompt_ids, params, tools, in_reasoning, rid, created):
+    async def _stream_chat(self, request, req, prompt_ids, params, in_reasoning, rid, created):
+        job = self._submit(prompt_ids, params, streaming=True)  # a full queue is a 503, before any header
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await resp.prepare(request)
+        try:
+            await resp.prepare(request)
+        except (ConnectionResetError, asyncio.CancelledError):
+            job.cancel()
+            raise
         model = self.engine.model_name
 
         async def send(delta: dict | None, finish: str | None = None, usage: dict | None = None) -> None:
@@ -251,7 +320,7 @@ class ReferenceApp:
                 chunk["usage"] = usage
             await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
 
-        splitter = StreamSplitter(in_reasoning=in_reasoning, parse_tools=bool(tools))
+        splitter = StreamSplitter(in_reasoning=in_reasoning, parse_tools=bool(req.tools))
         await send({"role": "assistant", "content": ""})
 
         async def on_delta(text: str) -> None:
@@ -262,9 +331,12 @@ class ReferenceApp:
                 await send({"content": content})
 
         try:
-            out = await self._run(prompt_ids, params, on_delta)
+            out = await self._wait(request, job, on_delta)
+        except (_ClientGone, ConnectionResetError):
+            return resp
         except Exception as e:  # headers are sent: report in-stream, as SGLang does
-            code, message = (400, str(e)) if isinstance(e, BadRequest) else (500, f"generation failed: {e}")
+            code, message = (e.status, str(e)) if isinstance(e, (BadRequest, ServerBusy)) else \
+                (500, f"generation failed: {type(e).__name__}: {e}")
             await resp.write(f"data: {json.dumps({'error': {'message': message, 'code': code}})}\n\n".encode())
             await resp.write(b"data: [DONE]\n\n")
             return resp
@@ -278,7 +350,7 @@ class ReferenceApp:
             await send({"tool_calls": [c.to_openai(i) for i, c in enumerate(calls)]})
             finish = "tool_calls"
         await send({}, finish)
-        if (body.get("stream_options") or {}).get("include_usage"):
+        if req.include_usage:
             await send(None, usage=_usage(out))
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
@@ -296,46 +368,22 @@ def _openai_logprobs(out: _Generated) -> dict:
                         for t, lp in zip(out.token_texts, out.logprobs)]}
 
 
-def _positive_int(value, name: str) -> int:
-    v = int(value)
-    if v < 1:
-        raise BadRequest(f"'{name}' must be >= 1, got {value}")
-    return v
-
-
-def _sampling_from_openai(body: dict) -> SamplingParams:
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens")) or DEFAULT_MAX_TOKENS
-    return SamplingParams(
-        max_new_tokens=_positive_int(max_tokens, "max_tokens"),
-        temperature=float(body.get("temperature", 0.0) or 0.0),
-        top_p=float(body.get("top_p", 1.0) or 1.0),
-        seed=body.get("seed"),
-        ignore_eos=bool(body.get("ignore_eos", False)),
-    )
-
-
-def _sampling_from_native(sp: dict) -> SamplingParams:
-    return SamplingParams(
-        max_new_tokens=_positive_int(sp.get("max_new_tokens", DEFAULT_MAX_TOKENS), "max_new_tokens"),
-        temperature=float(sp.get("temperature", 1.0)),  # SGLang's native default is 1.0
-        top_p=float(sp.get("top_p", 1.0)),
-        seed=sp.get("sampling_seed"),
-        ignore_eos=bool(sp.get("ignore_eos", False)),
-    )
-
-
 def _error(status: int, message: str) -> web.Response:
     kind = "invalid_request_error" if status < 500 else "internal_error"
     return web.json_response({"error": {"message": message, "type": kind, "code": status}}, status=status)
 
 
 class ReferenceServer:
-    """Runs ReferenceApp on its own event loop in a background thread: `start()` returns the base URL."""
+    """Runs ReferenceApp on its own event loop in a background thread: `start()` returns the base URL.
 
-    def __init__(self, engine: GenerationEngine, host: str = "127.0.0.1", port: int = 0):
+    `app_options` go to ReferenceApp (max_pending, max_new_tokens_limit).
+    """
+
+    def __init__(self, engine: GenerationEngine, host: str = "127.0.0.1", port: int = 0, **app_options):
         self.engine = engine
         self.host = host
         self.port = port
+        self.app = ReferenceApp(engine, **app_options)
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
@@ -347,7 +395,7 @@ class ReferenceServer:
         return f"http://{self.host}:{self.port}"
 
     async def _serve(self) -> None:
-        self._runner = web.AppRunner(ReferenceApp(self.engine).build(), access_log=None)
+        self._runner = web.AppRunner(self.app.build(), access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
@@ -372,10 +420,12 @@ class ReferenceServer:
         if not self._ready.wait(READY_TIMEOUT_S):
             raise KimiNvfp4Error(f"reference server did not start within {READY_TIMEOUT_S:.0f} s")
         if self._error is not None:
-            raise KimiNvfp4Error(f"reference server could not listen on {self.host}:{self.port}: {self._error}")
+            raise listen_error(self.host, self.port, self._error)
         return self.base_url
 
     def stop(self) -> None:
+        """Stop running requests at their next token, then the server."""
+        self.app.stop()
         if self._loop is not None and self._thread is not None and self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=30)
@@ -388,6 +438,26 @@ class ReferenceServer:
         self.stop()
 
 
-def serve_forever(engine: GenerationEngine, host: str, port: int) -> None:
-    """Blocking server for `kimi-nvfp4 serve-reference`; Ctrl-C stops it."""
-    web.run_app(ReferenceApp(engine).build(), host=host, port=port, access_log=None, print=None)
+def listen_error(host: str, port: int, error: BaseException) -> ServerLaunchError:
+    if isinstance(error, OSError) and error.errno == errno.EADDRINUSE:
+        return ServerLaunchError(f"port {port} on {host} is already in use (another server is listening there); "
+                                 "stop it or choose another --port")
+    reason = error.strerror if isinstance(error, OSError) and error.strerror else error
+    return ServerLaunchError(f"cannot listen on {host}:{port}: {reason}")
+
+
+def serve_forever(engine: GenerationEngine, host: str, port: int, **app_options) -> None:
+    """Blocking server for `kimi-nvfp4 serve-reference`.
+
+    SIGTERM and SIGINT stop it cleanly, also while a request runs: every request stops at its next
+    token, open connections get SHUTDOWN_GRACE_S to finish, and the engine thread (a daemon) does
+    not hold the process. A busy port is a ServerLaunchError naming it.
+    """
+    app = ReferenceApp(engine, **app_options)
+    try:
+        web.run_app(app.build(), host=host, port=port, access_log=None, print=None,
+                    shutdown_timeout=SHUTDOWN_GRACE_S, handle_signals=True)
+    except OSError as e:
+        raise listen_error(host, port, e) from None
+    finally:
+        app.stop()

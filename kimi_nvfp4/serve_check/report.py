@@ -4,13 +4,19 @@ Gates have two default sets. `Gates.production()` is for real SGLang runs of Kim
 explained in docs/serve_check.md); `Gates.reference()` is for the reference emulator, where the
 model is usually the tiny demo one: only the checks a tiny model can pass are gated (the server
 and the emulator must agree; no request may fail).
+
+Every check says what it is judged against (`CheckKind`): HumanEval's tests and the tools' JSON
+schemas are independent of our code; agreement is independent against SGLang but only
+self-consistency against the reference emulator (the same weights through two of our code paths:
+it catches serving bugs, not conversion errors); the load sweep is operational. A check that was
+asked for and crashed is a failed gate, gated or not: "All gates passed" means every check ran.
 """
 
 from __future__ import annotations
 
 import os
+from enum import Enum
 from pathlib import Path
-
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -21,6 +27,32 @@ from .quality.humaneval import HumanEvalReport
 from .quality.tool_calls import ToolCallReport
 
 REPORT_STEM = "serve_check"
+
+
+class CheckKind(str, Enum):
+    """What a check compares the served model with."""
+
+    INDEPENDENT = "independent"  # something outside our code: a benchmark's tests, schemas, SGLang's kernels
+    SELF_CONSISTENCY = "self-consistency"  # our emulator against itself (the reference server)
+    OPERATIONAL = "operational"  # the server keeps serving; nothing is compared
+
+
+CHECK_LABELS = {"load": "load sweep", "humaneval": "HumanEval", "tool_calls": "tool calls",
+                "agreement": "emulator agreement"}
+
+
+def check_kind(check: str, reference_emulator: bool) -> tuple[CheckKind, str]:
+    """(kind, what the check is compared with) for a check name of CHECK_LABELS."""
+    if check == "load":
+        return CheckKind.OPERATIONAL, "nothing: every request must succeed"
+    if check == "humaneval":
+        return CheckKind.INDEPENDENT, "HumanEval's unit tests"
+    if check == "tool_calls":
+        return CheckKind.INDEPENDENT, "the declared tools' JSON schemas"
+    if reference_emulator:
+        return CheckKind.SELF_CONSISTENCY, ("the same emulator and weights through another code path "
+                                            "(KV-cached serving vs layer-streamed teacher forcing)")
+    return CheckKind.INDEPENDENT, "the kimi-nvfp4 emulator, independent of the server's kernels"
 
 
 class Gates(BaseModel):
@@ -97,9 +129,24 @@ class GateResult(BaseModel):
 
     name: str
     value: float | None
-    threshold: float
-    comparison: str  # ">=" or "<="
+    threshold: float | None  # None for "the check ran" gates
+    comparison: str  # ">=", "<=" or "ran"
     passed: bool
+    check: str = ""  # key of CHECK_LABELS
+    kind: CheckKind = CheckKind.INDEPENDENT
+    error: str | None = None  # why the check crashed
+
+
+class CheckResult(BaseModel):
+    """One requested check: its kind, what it compares with, and whether it ran."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    kind: CheckKind
+    compared_with: str
+    ran: bool
+    error: str | None = None
 
 
 class ServeCheckReport(BaseModel):
@@ -114,6 +161,7 @@ class ServeCheckReport(BaseModel):
     compare_target: TargetInfo | None = None
     compare: LoadSweep | None = None
     quality: QualityReport
+    checks: list[CheckResult] = Field(default_factory=list)
     gates: list[GateResult]
     passed: bool
 
@@ -121,36 +169,71 @@ class ServeCheckReport(BaseModel):
         return [g for g in self.gates if not g.passed]
 
 
-def _gate(name: str, value: float | None, threshold: float | None, comparison: str) -> GateResult | None:
+def _gate(name: str, value: float | None, threshold: float | None, comparison: str, check: str,
+          kind: CheckKind) -> GateResult | None:
     if threshold is None:
         return None
     ok = value is not None and (value >= threshold if comparison == ">=" else value <= threshold)
-    return GateResult(name=name, value=value, threshold=threshold, comparison=comparison, passed=ok)
+    return GateResult(name=name, value=value, threshold=threshold, comparison=comparison, passed=ok, check=check,
+                      kind=kind)
+
+
+def requested_checks(load: LoadSweep | None, cfg: QualityConfig) -> list[str]:
+    wanted = {"load": load is not None, "humaneval": cfg.humaneval, "tool_calls": cfg.tool_calls,
+              "agreement": cfg.agreement}
+    return [name for name, on in wanted.items() if on]
+
+
+def _crash(quality: QualityReport, check: str) -> str | None:
+    """Why a requested check has no result (None when it has one)."""
+    if check == "load":
+        return None
+    if check in quality.errors:
+        return quality.errors[check]
+    return None if getattr(quality, check) is not None else "it produced no result"
+
+
+def summarise_checks(load: LoadSweep | None, quality: QualityReport, cfg: QualityConfig,
+                     reference_emulator: bool = False) -> list[CheckResult]:
+    out = []
+    for check in requested_checks(load, cfg):
+        kind, compared_with = check_kind(check, reference_emulator)
+        error = _crash(quality, check)
+        out.append(CheckResult(name=CHECK_LABELS[check], kind=kind, compared_with=compared_with, ran=error is None,
+                               error=error))
+    return out
 
 
 def evaluate_gates(gates: Gates, load: LoadSweep | None, quality: QualityReport,
-                   cfg: QualityConfig) -> list[GateResult]:
-    """A check that was asked for but could not run fails its gate (value None)."""
+                   cfg: QualityConfig, reference_emulator: bool = False) -> list[GateResult]:
+    """The gates of every requested check; a check that crashed is one failed gate, gated or not."""
     out: list[GateResult | None] = []
-    if load is not None:
-        requests = sum(p.requests for p in load.points)
-        errors = sum(p.errors for p in load.points)
-        rate = errors / requests if requests else 1.0
-        out.append(_gate("load error rate", rate, gates.max_load_error_rate, "<="))
-    if cfg.humaneval:
-        he = quality.humaneval
-        out.append(_gate("HumanEval pass@1", he.pass_at_1 if he else None, gates.min_humaneval_pass_at_1, ">="))
-    if cfg.tool_calls:
-        tc = quality.tool_calls
-        out.append(_gate("tool-call trigger rate", tc.trigger_rate if tc else None, gates.min_tool_trigger_rate, ">="))
-        out.append(_gate("tool-call schema accuracy", tc.schema_accuracy if tc else None,
-                         gates.min_tool_schema_accuracy, ">="))
-    if cfg.agreement:
-        ag = quality.agreement
-        out.append(_gate("greedy agreement with emulator", ag.agreement if ag else None,
-                         gates.min_greedy_agreement, ">="))
-        out.append(_gate("mean |Δlogprob| vs emulator (nats)", ag.mean_abs_logprob_diff if ag else None,
-                         gates.max_mean_abs_logprob_diff, "<="))
+    for check in requested_checks(load, cfg):
+        kind, _ = check_kind(check, reference_emulator)
+        error = _crash(quality, check)
+        if error is not None:
+            out.append(GateResult(name=f"{CHECK_LABELS[check]} ran", value=None, threshold=None, comparison="ran",
+                                  passed=False, check=check, kind=kind, error=error))
+            continue
+        if check == "load":
+            requests = sum(p.requests for p in load.points)
+            errors = sum(p.errors for p in load.points)
+            rate = errors / requests if requests else 1.0
+            out.append(_gate("load error rate", rate, gates.max_load_error_rate, "<=", check, kind))
+        elif check == "humaneval":
+            out.append(_gate("HumanEval pass@1", quality.humaneval.pass_at_1, gates.min_humaneval_pass_at_1, ">=",
+                             check, kind))
+        elif check == "tool_calls":
+            tc = quality.tool_calls
+            out.append(_gate("tool-call trigger rate", tc.trigger_rate, gates.min_tool_trigger_rate, ">=", check, kind))
+            out.append(_gate("tool-call schema accuracy", tc.schema_accuracy, gates.min_tool_schema_accuracy, ">=",
+                             check, kind))
+        else:
+            ag = quality.agreement
+            out.append(_gate("greedy agreement with emulator", ag.agreement, gates.min_greedy_agreement, ">=",
+                             check, kind))
+            out.append(_gate("mean |Δlogprob| vs emulator (nats)", ag.mean_abs_logprob_diff,
+                             gates.max_mean_abs_logprob_diff, "<=", check, kind))
     return [g for g in out if g is not None]
 
 
@@ -193,12 +276,22 @@ def render_markdown(r: ServeCheckReport, chart_name: str | None) -> str:
     ]
     if t.command:
         lines.append(f"- command: `{' '.join(t.command)}`")
-    lines += ["", "## Gates", "", "| gate | value | threshold | result |", "|---|---:|---:|---|"]
+    lines += ["", "## Gates", "", "| gate | kind | value | threshold | result |", "|---|---|---:|---:|---|"]
     for g in r.gates:
-        lines.append(f"| {g.name} | {_fmt(g.value, '.4g')} | {g.comparison} {g.threshold:g} | "
-                     f"{'pass' if g.passed else '**FAIL**'} |")
+        threshold = "must run" if g.threshold is None else f"{g.comparison} {g.threshold:g}"
+        result = "pass" if g.passed else ("**FAIL** (crashed)" if g.error else "**FAIL**")
+        lines.append(f"| {g.name} | {g.kind.value} | {_fmt(g.value, '.4g')} | {threshold} | {result} |")
     if not r.gates:
-        lines.append("| (none) | | | |")
+        lines.append("| (none) | | | | |")
+    if r.checks:
+        lines += ["", "## Checks", "",
+                  "Independent checks judge the served model against something outside this tool; "
+                  "self-consistency checks compare the emulator with itself (they catch serving bugs, not "
+                  "conversion errors); operational checks compare nothing.", "",
+                  "| check | kind | compared with | ran |", "|---|---|---|---|"]
+        for c in r.checks:
+            ran = "yes" if c.ran else f"**crashed**: {c.error}"
+            lines.append(f"| {c.name} | {c.kind.value} | {c.compared_with} | {ran} |")
     if r.load is not None:
         lines += ["", f"## Load: {r.load.label}", "", *_sweep_table(r.load)]
     if r.compare is not None:
@@ -220,7 +313,7 @@ def render_markdown(r: ServeCheckReport, chart_name: str | None) -> str:
         lines.append(f"- Emulator agreement ({ag.activations}): greedy {ag.agreement:.3f} over {ag.tokens} tokens, "
                      f"mean |Δlogprob| {ag.mean_abs_logprob_diff:.4f}, max {ag.max_abs_logprob_diff:.4f}")
     for name, why in q.errors.items():
-        lines.append(f"- {name}: could not run: {why}")
+        lines.append(f"- {CHECK_LABELS.get(name, name)}: **crashed** (a failed gate): {why}")
     return "\n".join(lines) + "\n"
 
 

@@ -17,6 +17,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ..errors import KimiNvfp4Error
+
 DEFAULT_CONCURRENCY = (1, 2, 4, 6, 8, 16, 32)
 CONTEXT_SAFETY_FRACTION = 0.9  # leave room for the chat template's own tokens
 MIN_SOURCE_FILE_CHARS = 2000
@@ -32,6 +34,10 @@ READ_FILE_TOOL = {
         "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
     },
 }
+
+
+class LoadTooLarge(KimiNvfp4Error):
+    """The requested serve-check work does not fit the server (its context, or its speed)."""
 
 
 class LoadConfig(BaseModel):
@@ -89,9 +95,9 @@ def session_shape(cfg: LoadConfig, context_length: int | None) -> SessionShape:
         if shape.last_prompt_tokens > budget:
             room = budget - outputs
             if room < cfg.turns + 1:
-                raise ValueError(
-                    f"{cfg.turns} turns of {cfg.output_tokens} output tokens do not fit a context of {context_length}"
-                )
+                raise LoadTooLarge(
+                    f"{cfg.turns} turns of {cfg.output_tokens} output tokens do not fit the server's context of "
+                    f"{context_length} tokens; use fewer --turns or --output-tokens (or --quick)")
             scale = room / (first + (cfg.turns - 1) * tool)
             shape = SessionShape(max(1, int(first * scale)), max(1, int(tool * scale)), cfg.output_tokens, cfg.turns)
     return shape

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from dataclasses import dataclass, field
 
 import pytest
@@ -50,10 +51,15 @@ class ScriptedEngine:
     activations = "w4a16"
     model_path = "/scripted"
 
+    vocab_size = SPECIAL_BASE + len(SPECIALS)
+    generation_defaults: dict = {}
+
     def __init__(self, script: dict[str, str] | None = None, context_length: int = 1 << 16,
-                 cache_tokens: int = 1 << 20):
+                 cache_tokens: int = 1 << 20, token_delay_s: float = 0.0):
         self.script = script or {}
         self.context_length = context_length
+        self.token_delay_s = token_delay_s  # slow generation down, for queueing and cancellation tests
+        self.started = 0  # generations the engine began
         self._cache = PrefixCache(cache_tokens)
         self.forwarded_tokens = 0  # prompt tokens actually "computed" (not served from the cache)
 
@@ -110,6 +116,7 @@ class ScriptedEngine:
         return [ord(FILLER[seed[i % len(seed)] % len(FILLER)]) for i in range(n)]
 
     def _run(self, prompt_ids, matched, params: SamplingParams, stream: EngineStream):
+        self.started += 1
         self.forwarded_tokens += len(prompt_ids) - matched
         self._cache.insert(prompt_ids, TokenListKV(list(prompt_ids)))
         reply = self._reply_ids(prompt_ids, params.max_new_tokens)
@@ -117,6 +124,8 @@ class ScriptedEngine:
             reply = [t for t in reply if t != END_ID]
             reply += [ord("x")] * (params.max_new_tokens - len(reply))
         for tok in reply[: params.max_new_tokens]:
+            if self.token_delay_s:
+                time.sleep(self.token_delay_s)
             stream.output_ids.append(tok)
             if tok == END_ID and not params.ignore_eos:
                 stream.finish_reason = "stop"
@@ -130,9 +139,9 @@ def scripted_server():
     """Factory: `url, engine = scripted_server(script={...})`; servers stop at teardown."""
     servers = []
 
-    def start(**kw):
+    def start(app_options: dict | None = None, **kw):
         engine = ScriptedEngine(**kw)
-        server = ReferenceServer(engine)
+        server = ReferenceServer(engine, **(app_options or {}))
         url = server.start()
         servers.append(server)
         return url, engine

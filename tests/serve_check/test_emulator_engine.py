@@ -149,3 +149,23 @@ def test_cuda_engine_generates_what_the_cpu_engine_does(engine, nvfp4_checkpoint
     gpu_out = list(gpu.start(ids, params))
     assert [e.token_id for e in gpu_out] == [e.token_id for e in cpu_out]
     assert [e.logprob for e in gpu_out] == pytest.approx([e.logprob for e in cpu_out], abs=1e-3)
+
+
+@pytest.mark.parametrize("load, why", [
+    (LoadConfig(), "do not fit the server's context of"),  # B200-sized: 30 turns x 500 tokens
+    (LoadConfig(turns=5, output_tokens=100), "reference emulator .* would take about .*"),
+], ids=["default", "fits-the-context-but-slow"])
+def test_serve_check_stops_at_once_when_a_b200_sized_load_meets_the_emulator(server, nvfp4_checkpoint, tmp_path,
+                                                                            monkeypatch, load, why):
+    """The default load (32 users, 30 turns, 100k-token prompts) would take hours on a CPU emulator."""
+    import time
+
+    from kimi_nvfp4.serve_check import load_fit
+
+    monkeypatch.setattr(load_fit, "REFERENCE_BUDGET_S", 60.0)
+    start = time.monotonic()
+    with pytest.raises(load_fit.LoadTooLarge, match=why + ".*--quick"):
+        run_serve_check(nvfp4_checkpoint, url=server.base_url, report_dir=tmp_path, load=load,
+                        quality=QualityConfig(), progress=False)
+    assert time.monotonic() - start < 60
+    assert not (tmp_path / "serve_check.json").exists()

@@ -2,7 +2,7 @@ import pytest
 
 from kimi_nvfp4.serve_check.client import ChatResult
 from kimi_nvfp4.serve_check.loadgen import percentile, run_sweep, summarise_point
-from kimi_nvfp4.serve_check.workload import AgentSession, LoadConfig, session_shape
+from kimi_nvfp4.serve_check.workload import AgentSession, LoadConfig, LoadTooLarge, session_shape
 
 
 def test_percentile_matches_linear_interpolation():
@@ -32,7 +32,7 @@ def test_session_shape_scales_to_context():
     small = session_shape(cfg, 131072)
     assert small.last_prompt_tokens + 500 <= 0.9 * 131072
     assert small.first_context_tokens < 50_000 and small.output_tokens == 500
-    with pytest.raises(ValueError, match="do not fit"):
+    with pytest.raises(LoadTooLarge, match="do not fit"):
         session_shape(LoadConfig(turns=30, output_tokens=500), 8192)
 
 

@@ -7,7 +7,7 @@ from kimi_nvfp4.errors import GateFailure, KimiNvfp4Error
 from kimi_nvfp4.serve_check.api import raise_on_failure, run_serve_check
 from kimi_nvfp4.serve_check.cli import serve_check_command, serve_reference_command
 from kimi_nvfp4.serve_check.loadgen import LoadPoint, LoadSweep
-from kimi_nvfp4.serve_check.report import Gates, QualityConfig, QualityReport, evaluate_gates
+from kimi_nvfp4.serve_check.report import Gates, QualityConfig, QualityReport, evaluate_gates, summarise_checks
 from kimi_nvfp4.serve_check.workload import LoadConfig
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -28,9 +28,54 @@ def test_gates_fail_on_errors_and_on_checks_that_could_not_run():
     gates = evaluate_gates(Gates.reference(), _sweep(errors=1), quality, cfg)
     by_name = {g.name: g for g in gates}
     assert not by_name["load error rate"].passed and by_name["load error rate"].value == pytest.approx(0.1)
-    assert not by_name["greedy agreement with emulator"].passed
-    assert by_name["greedy agreement with emulator"].value is None
-    assert all(g.passed for g in evaluate_gates(Gates(), _sweep(), QualityReport(), cfg))
+    crashed = by_name["emulator agreement ran"]
+    assert not crashed.passed and crashed.value is None and crashed.error == "no model"
+    assert all(g.passed for g in evaluate_gates(Gates(), _sweep(), QualityReport(), QualityConfig(
+        humaneval=False, tool_calls=False, agreement=False)))
+
+
+@pytest.mark.parametrize("check", ["humaneval", "tool_calls"])
+def test_a_crashed_check_fails_even_where_it_is_not_gated(check):
+    """Reference gates do not gate HumanEval or tool calls; a crash of either still fails the report."""
+    cfg = QualityConfig(agreement=False)
+    other = {"humaneval": "tool_calls", "tool_calls": "humaneval"}[check]
+    quality = QualityReport(errors={check: "RuntimeError: boom", other: "also"})
+    gates = evaluate_gates(Gates.reference(), _sweep(), quality, cfg, reference_emulator=True)
+    failed = [g for g in gates if not g.passed]
+    assert {g.check for g in failed} == {"humaneval", "tool_calls"}
+    assert all(g.comparison == "ran" and g.error for g in failed)
+
+
+def test_check_kinds_say_what_is_compared():
+    cfg = QualityConfig()
+    quality = QualityReport(errors={"humaneval": "x", "tool_calls": "x", "agreement": "x"})
+    ref = {c.name: c.kind.value for c in summarise_checks(_sweep(), quality, cfg, reference_emulator=True)}
+    assert ref == {"load sweep": "operational", "HumanEval": "independent", "tool calls": "independent",
+                   "emulator agreement": "self-consistency"}
+    prod = {c.name: c.kind.value for c in summarise_checks(_sweep(), quality, cfg, reference_emulator=False)}
+    assert prod["emulator agreement"] == "independent"
+
+
+def test_a_crashed_check_fails_the_report_and_says_so(scripted_server, tmp_path, monkeypatch):
+    from kimi_nvfp4.serve_check import api
+
+    async def crash(*args, **kwargs):
+        raise RuntimeError("the HumanEval data is missing")
+
+    monkeypatch.setattr(api, "run_humaneval", crash)
+    url, _ = scripted_server()
+    report = run_serve_check(tmp_path, url=url, report_dir=tmp_path / "rep", load=None, progress=False,
+                             quality=QualityConfig.quick(agreement=False))
+    assert not report.passed
+    (failed,) = report.failed_gates()
+    assert failed.name == "HumanEval ran" and "HumanEval data is missing" in failed.error
+    md = (tmp_path / "rep" / "serve_check.md").read_text()
+    assert "# Serve check: FAILED" in md and "**FAIL** (crashed)" in md
+    assert "| HumanEval | independent | HumanEval's unit tests | **crashed**: RuntimeError" in md
+    data = json.loads((tmp_path / "rep" / "serve_check.json").read_text())
+    assert data["passed"] is False and data["gates"][-1]["kind"] == "independent"
+    with pytest.raises(GateFailure, match="HumanEval ran: crashed"):
+        raise_on_failure(report)
 
 
 def test_serve_check_against_url_writes_report(scripted_server, tmp_path):
@@ -43,6 +88,8 @@ def test_serve_check_against_url_writes_report(scripted_server, tmp_path):
     )
     assert report.target.reference_emulator and report.passed
     assert [g.name for g in report.gates] == ["load error rate"]  # reference gates: no tiny-model quality gates
+    assert [(c.name, c.ran) for c in report.checks] == [("load sweep", True), ("HumanEval", True),
+                                                        ("tool calls", True)]
     assert report.quality.tool_calls.prompts == 4 and report.quality.tool_calls.suite == "agent"
     assert report.quality.humaneval.problems == 1
     files = {p.name for p in (tmp_path / "rep").iterdir()}
