@@ -8,6 +8,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from ..checkpoint.manifest import StageRecord, load_manifest, save_manifest
 from ..checkpoint.writer import write_bytes_atomic
@@ -15,6 +16,7 @@ from ..errors import KimiNvfp4Error
 from .card import GENERATED_MARKER, build_model_card
 from .checks import Readiness, check_publishable
 from .files import CARD_NAME, SOURCE_CARD_NAME, PublishFile, format_size, list_publish_files
+from .options import PublishOptions
 from .reports import ReportSet
 from .upload import UploadResult, resolved_endpoint, upload_to_hub
 
@@ -86,29 +88,30 @@ def check_repo_id(repo_id: str) -> None:
 def publish_checkpoint(
     output: str | Path,
     repo_id: str,
+    options: PublishOptions | None = None,
     *,
-    private: bool = False,
-    revision: str | None = None,
-    dry_run: bool = False,
-    force_unvalidated: bool = False,
     report_dir: str | Path | None = None,
-    base_model: str | None = None,
-    endpoint: str | None = None,
-    workers: int = 4,
     progress: bool = True,
+    **overrides: Any,
 ) -> PublishResult:
     """Refuse unless `output` is complete, intact and validated; build the card; upload unless `dry_run`.
 
     Raises CheckpointError (incomplete manifest, bad shard), GateFailure (validate missing/failed without
     `force_unvalidated`), HubAuthError (no token), OutputError (the Hub refused).
     A dry run writes nothing and uses no network; a real run writes README.md and records `stages["publish"]`.
+
+    :param options: a `PublishOptions` (publish/options.py: private, revision, dry_run, force_unvalidated,
+        base_model, endpoint, workers); its fields may also be given as keywords.
+    :param report_dir: where validate/serve-check wrote their reports (default: OUTPUT/reports, then the manifest).
     """
+    opts = PublishOptions.build(options, overrides, "publish_checkpoint")
+    private, revision, dry_run, endpoint = opts.private, opts.revision, opts.dry_run, opts.endpoint
     root = Path(output)
     check_repo_id(repo_id)
-    readiness = check_publishable(root, force_unvalidated=force_unvalidated, report_dir=report_dir,
-                                  workers=workers, progress=progress)
+    readiness = check_publishable(root, force_unvalidated=opts.force_unvalidated, report_dir=report_dir,
+                                  workers=opts.workers, progress=progress)
     reports = ReportSet.find(root, report_dir)
-    card = build_model_card(root, repo_id, readiness, reports=reports, base_model=base_model)
+    card = build_model_card(root, repo_id, readiness, reports=reports, base_model=opts.base_model)
     files = _planned_files(root, card)
     result = PublishResult(repo_id, dry_run, files, sum(f.bytes for f in files), card, readiness,
                            resolved_endpoint(endpoint))
