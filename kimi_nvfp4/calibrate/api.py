@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 import torch
 from tqdm.auto import tqdm
@@ -32,10 +32,9 @@ from ..model import LayerStreamRunner, NVFP4Weights
 from ..model.linear import NVFP4Linear
 from ..model.runner import CUDA_MAX_CHUNK_TOKENS, DEFAULT_MAX_CHUNK_TOKENS
 from .device import AUTO_DTYPE, dtype_name, resolve_device, resolve_dtype, synchronize
+from .options import DEFAULT_SAMPLES, DEFAULT_SEQ_LEN, CalibrateOptions
 from .pairing import require_converted, require_matching_source
 from .policy import (
-    DEFAULT_EXPERT_POLICY,
-    DEFAULT_MIN_EXPERT_TOKENS,
     EXPERT_INPUT_GROUPS,
     ExpertAmax,
     ExpertPolicy,
@@ -58,8 +57,6 @@ from .shard import (
 )
 from .stats import ActivationCollector
 
-DEFAULT_SAMPLES = 512
-DEFAULT_SEQ_LEN = 2048
 # Reports and per-layer statistics go here, inside the output folder.
 CALIBRATION_DIR = "calibration"
 ACTIVATION_STATS_DIR = "activation_stats"
@@ -258,30 +255,32 @@ def calibrate_checkpoint(
     output: str | Path,
     source: str | Path,
     data: str,
+    options: CalibrateOptions | None = None,
     *,
-    samples: int = DEFAULT_SAMPLES,
-    seq_len: int = DEFAULT_SEQ_LEN,
-    seed: int = 0,
-    min_expert_tokens: int = DEFAULT_MIN_EXPERT_TOKENS,
-    policy: ExpertPolicy | str = DEFAULT_EXPERT_POLICY,
-    device: str | torch.device = "auto",
     progress: bool = True,
-    max_chunk_tokens: int | None = None,
-    states_device: str | torch.device | None = None,
     report_dir: str | Path | None = None,
     save_activation_stats: bool = True,
-    generated_sessions: int | None = None,
-    dtype: str | torch.dtype = AUTO_DTYPE,
+    **overrides: Any,
 ) -> CalibrationReport:
     """Compute and install `input_scale` for every NVFP4 linear of the converted checkpoint `output`.
 
     Checks everything (converted output, matching source, usable data) before computing, and
     writes nothing unless the whole calibration succeeded.
+
+    :param output: the converted NVFP4 checkpoint folder (gets the input-scale shard, index and manifest entry).
+    :param source: the INT4 checkpoint it was converted from (checked against it).
+    :param data: a data spec (jsonl:PATH, hf:NAME[:SPLIT], tree:PATH, builtin, sample; comma-separated to mix).
+    :param options: a `CalibrateOptions` (calibrate/options.py); its fields may also be given as keywords.
+    :param report_dir: where the report goes (default `output/calibration`).
+    :param save_activation_stats: also write per-layer activation statistics beside the report.
+    :returns: the `CalibrationReport` (also written to `report_dir`).
     """
+    opts = CalibrateOptions.build(options, overrides, "calibrate_checkpoint")
+    samples, seq_len, seed, min_expert_tokens = opts.samples, opts.seq_len, opts.seed, opts.min_expert_tokens
+    device, dtype, generated_sessions = opts.device, opts.dtype, opts.generated_sessions
+    max_chunk_tokens, states_device = opts.max_chunk_tokens, opts.states_device
     started = time.perf_counter()
-    policy = ExpertPolicy(policy)
-    if min_expert_tokens < 0:
-        raise ValueError(f"min_expert_tokens must be >= 0, got {min_expert_tokens}")
+    policy = opts.policy
     output, source = Path(output), Path(source)
     out_reader = CheckpointReader(output)
     require_converted(out_reader)

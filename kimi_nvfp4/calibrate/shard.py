@@ -1,4 +1,4 @@
-"""Install calibrated `input_scale` tensors into a converted checkpoint without rewriting it.
+"""Install calibrated `input_scale` tensors into a converted checkpoint without rewriting it (docs/formats.md §2).
 
 All input scales go into one small extra shard, `model-input-scales.safetensors`; the index gains
 their names, the quantization configs switch from weight-only (W4A16_NVFP4, what convert declares)

@@ -1,4 +1,4 @@
-"""Which checkpoint layout we are looking at, and the tensor names it uses.
+"""Which checkpoint layout we are looking at, and the tensor names it uses (docs/formats.md §1).
 
 Two layouts are supported, told apart by config.json alone (never by file names):
 - Kimi K2.5 / K2.6: `KimiK25ForConditionalGeneration`, text model under `text_config`, tensor

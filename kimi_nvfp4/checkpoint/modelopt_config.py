@@ -1,6 +1,6 @@
 """The NVIDIA Model Optimizer (ModelOpt) quantization config of the converted checkpoint.
 
-Two places carry it (SPEC §2):
+Two places carry it (docs/formats.md §2):
 - `hf_quant_config.json`: `{"producer", "quantization": {quant_algo, kv_cache_quant_algo, group_size,
   exclude_modules}}` (what SGLang's `ModelOptFp4Config.get_config_filenames` reads);
 - `config.json` `quantization_config` at the top level AND inside `text_config`, in the flat form

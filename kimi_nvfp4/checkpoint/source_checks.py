@@ -2,7 +2,7 @@
 
 Accepted: compressed-tensors `pack-quantized`, one config group, symmetric INT4 weights with
 `strategy group`, `group_size 32`, no activation quantization, no `actorder` — exactly what Kimi
-K2.5 / K2.6 / K2-Thinking ship (SPEC §1). When both the top level and `text_config` carry a
+K2.5 / K2.6 / K2-Thinking ship (docs/formats.md §1). When both the top level and `text_config` carry a
 quantization_config they must agree. Everything else is refused with the field that differs.
 """
 

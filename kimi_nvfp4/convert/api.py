@@ -41,14 +41,13 @@ from ..checkpoint.modelopt_config import (
 from ..checkpoint.reader import CONFIG_NAME
 from ..checkpoint.writer import partial_path, remove_quietly, write_failure, write_index, write_json_atomic
 from ..errors import DeviceError
-from ..numerics.methods import DEFAULT_METHOD, ScaleMethod
+from ..numerics.methods import ScaleMethod
 from .job import ShardResult, run_shard_job
+from .options import DEVICES, ConvertOptions
 from .output import OutputState, prepare_output
 from .plan import ConversionPlan, ShardJob, plan_conversion
 from .source import resolve_source, source_record
 
-DEVICES = ("auto", "cpu", "cuda")
-KV_CACHE_CHOICES = ("FP8", "none")
 _GB = 1e9
 
 
@@ -152,29 +151,26 @@ def _finish(
 def convert_checkpoint(
     source: str | Path,
     output: str | Path,
+    options: ConvertOptions | None = None,
     *,
-    method: ScaleMethod | str = DEFAULT_METHOD,
-    device: str = "auto",
-    workers: int = 1,
-    kv_cache_quant_algo: str | None = "FP8",
-    overwrite: bool = False,
     progress: bool = True,
-    revision: str | None = None,
-    record_stats: bool = True,
-    fsync: bool = True,
+    **overrides: Any,
 ) -> ConversionSummary:
     """Convert `source` (folder or Hub repo id) into `output`. Re-running resumes; see docs/convert.md.
 
-    `record_stats=False` skips the per-matrix error statistics in the manifest (same output bytes, faster on CPU).
-    `fsync=False` leaves write-back to the OS (same bytes; see convert/output.py for what a resume then checks).
+    :param options: a `ConvertOptions` (convert/options.py: method, device, workers, kv_cache_quant_algo,
+        overwrite, revision, record_stats, fsync); its fields may also be given as keywords, which win.
+        `record_stats=False` skips the per-matrix error statistics in the manifest (same output bytes, faster
+        on CPU); `fsync=False` leaves write-back to the OS (same bytes; see convert/output.py for what a resume
+        then checks).
+    :param progress: show progress bars.
+    :returns: the run's `ConversionSummary`.
     """
-    method = ScaleMethod(method)
-    if kv_cache_quant_algo == "none":
-        kv_cache_quant_algo = None
-    if workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
-    dev = resolve_device(device)
-    resolved = resolve_source(source, revision)
+    opts = ConvertOptions.build(options, overrides, "convert_checkpoint")
+    method, workers, kv_cache_quant_algo = opts.method, opts.workers, opts.kv_cache_quant_algo
+    overwrite, record_stats, fsync = opts.overwrite, opts.record_stats, opts.fsync
+    dev = resolve_device(opts.device)
+    resolved = resolve_source(source, opts.revision)
     output = Path(output).expanduser()
     refuse_nested(resolved.path, output)  # before anything is written or deleted (--overwrite empties the output)
     output = output.resolve()

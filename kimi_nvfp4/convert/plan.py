@@ -1,4 +1,5 @@
-"""Plan a conversion from config.json and shard headers alone, and fail before anything is written.
+"""Plan a conversion from config.json and shard headers alone, and fail before anything is written
+(formats: docs/formats.md §1 in, §2 out).
 
 The plan checks the quantization scheme, every routed-expert tensor's name, dtype and shape
 against the config, each `weight_shape` value (8 bytes each), the router, and that no compressed

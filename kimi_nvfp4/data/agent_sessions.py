@@ -109,7 +109,7 @@ class _Session:
         ids = []
         tool_calls = []
         for name, args in calls:
-            call_id = f"functions.{name}:{self.call_index}"  # Kimi's tool-call id format (SPEC §1)
+            call_id = f"functions.{name}:{self.call_index}"  # Kimi's tool-call id format (docs/formats.md §1)
             self.call_index += 1
             ids.append(call_id)
             tool_calls.append({"id": call_id, "type": "function",

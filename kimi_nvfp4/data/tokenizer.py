@@ -1,4 +1,4 @@
-"""Load a checkpoint's tokenizer without running any code shipped inside the checkpoint.
+"""Load a checkpoint's tokenizer without running any code shipped inside the checkpoint (docs/formats.md §1).
 
 Kimi K2.x ships `tiktoken.model` + `tokenization_kimi.py` (remote code) + `tokenizer_config.json`.
 We never import that .py file: the few facts it encodes (the pre-tokenizer regex, 256 special
@@ -57,7 +57,7 @@ TIKTOKEN_MAX_RUN_CHARS = 25_000
 # Kimi's defaults when tokenizer_config names none (tokenization_kimi.py __init__ defaults).
 DEFAULT_BOS_TOKEN = "[BOS]"
 DEFAULT_EOS_TOKEN = "[EOS]"
-# End of a chat turn: the token generation stops on in a chat (SPEC §1).
+# End of a chat turn: the token generation stops on in a chat (docs/formats.md §1).
 END_OF_TURN_TOKEN = "<|im_end|>"
 _SPECIAL_TOKEN_ATTRIBUTES = ("bos_token", "eos_token", "unk_token", "pad_token")
 

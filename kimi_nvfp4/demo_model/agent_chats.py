@@ -62,7 +62,7 @@ def _lines(source: SourceFile, start: int, end: int) -> str:
 
 
 def _tool_call(name: str, index: int, arguments: dict[str, Any]) -> dict[str, Any]:
-    # Kimi's tool-call ids are `functions.NAME:IDX` (SPEC §1); the template writes the id verbatim.
+    # Kimi's tool-call ids are `functions.NAME:IDX` (docs/formats.md §1); the template writes the id verbatim.
     return {"id": f"functions.{name}:{index}", "type": "function",
             "function": {"name": name, "arguments": json.dumps(arguments)}}
 

@@ -1,6 +1,6 @@
 """The tiny model's chat template: Kimi K2's turn structure, special tokens and tool-call syntax.
 
-Structure follows Moonshot's `chat_template.jinja` for Kimi K2 / K2.5 (SPEC §1):
+Structure follows Moonshot's `chat_template.jinja` for Kimi K2 / K2.5 (docs/formats.md §1):
 - tools:        `<|im_system|>tool_declare<|im_middle|>{json}<|im_end|>`
 - system/user:  `<|im_system|>system<|im_middle|>…<|im_end|>`, `<|im_user|>user<|im_middle|>…<|im_end|>`
 - assistant:    `<|im_assistant|>assistant<|im_middle|><think>…</think>content`, then tool calls as

@@ -2,9 +2,10 @@
 
 Folder contents: `config.json` (`KimiK25ForConditionalGeneration` wrapping a DeepseekV3
 `text_config`, the compressed-tensors `quantization_config` at the top level AND inside
-`text_config`, SPEC §1), `generation_config.json`, `model.safetensors.index.json`, shards
-`model-0000N-of-0000M.safetensors`, and the tokenizer files. The folder is assembled under
-`.NAME.partial` beside the target and renamed into place only when every file is written.
+`text_config`, docs/formats.md §1; built by kimi_nvfp4/checkpoint_builder/config.py),
+`generation_config.json`, `model.safetensors.index.json`, shards `model-0000N-of-0000M.safetensors`,
+and the tokenizer files. The folder is assembled under `.NAME.partial` beside the target and renamed
+into place only when every file is written.
 """
 
 from __future__ import annotations
@@ -17,8 +18,11 @@ from typing import Any, Mapping
 import torch
 from safetensors.torch import save
 
-from ..errors import OutputError
 from ..checkpoint.layout import layer_of
+from ..checkpoint_builder import compressed_tensors_int4_config
+from ..checkpoint_builder import kimi_k25_config as builder_kimi_k25_config
+from ..checkpoint_builder.tokenizer_files import MEDIA_PLACEHOLDER_TOKEN
+from ..errors import OutputError
 from .atomic import partial_path, write_bytes_atomic, write_text_atomic
 from .k2_layout_export import k2_text_tensors
 from .model_config import TinyK2Spec
@@ -31,52 +35,12 @@ CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
 DEFAULT_NUM_SHARDS = 2
 
-# Kimi K2.5/K2.6's compressed-tensors block (SPEC §1). Besides the four patterns SPEC lists, K2.5/K2.6
-# also ignore the vision tower and projector (both BF16), so a compressed-tensors loader never looks
-# for packed weights there.
-INT4_IGNORE = ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*",
-               "re:vision_tower.*", "re:mm_projector.*"]
-
-
-def compressed_tensors_quant_config() -> dict[str, Any]:
-    return {
-        "quant_method": "compressed-tensors",
-        "format": "pack-quantized",
-        "quantization_status": "compressed",
-        "config_groups": {
-            "group_0": {
-                "targets": ["Linear"],
-                "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
-                            "group_size": 32, "dynamic": False, "actorder": None, "observer": "minmax",
-                            "observer_kwargs": {}, "block_structure": None},
-                "input_activations": None,
-                "output_activations": None,
-                "format": "pack-quantized",
-            }
-        },
-        "ignore": list(INT4_IGNORE),
-        "kv_cache_scheme": None,
-        "sparsity_config": {},
-        "global_compression_ratio": None,
-    }
-
 
 def kimi_k25_config(spec: TinyK2Spec, vision_cfg: Mapping[str, Any]) -> dict[str, Any]:
-    text = spec.text_config()
-    text["quantization_config"] = compressed_tensors_quant_config()
-    ids = spec.token_ids()
-    return {
-        "architectures": ["KimiK25ForConditionalGeneration"],
-        "model_type": "kimi_k25",
-        "text_config": text,
-        "vision_config": dict(vision_cfg),
-        "media_placeholder_token_id": special_id("<|media_pad|>", spec.vocab_size),
-        "ignore_index": -100,
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
-        **ids,
-        "quantization_config": compressed_tensors_quant_config(),
-    }
+    """config.json of the tiny K2 (no remote-code keys: the demo ships no code)."""
+    text = spec.text_config(quantization_config=compressed_tensors_int4_config(vision=True))
+    return builder_kimi_k25_config(text, dict(vision_cfg), token_ids=spec.token_ids(),
+                                   media_placeholder_token_id=special_id(MEDIA_PLACEHOLDER_TOKEN, spec.vocab_size))
 
 
 def generation_config(spec: TinyK2Spec) -> dict[str, Any]:

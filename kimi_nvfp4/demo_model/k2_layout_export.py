@@ -6,7 +6,7 @@ rows first: its forward does `gate, up = linear(x, gate_up_proj[e]).chunk(2)`) a
 `DeepseekV3Experts`). K2.6 stores one module per expert and projection, INT4 pack-quantized:
 `language_model.model.layers.N.mlp.experts.E.{gate,up,down}_proj.{weight_packed,weight_scale,weight_shape}`.
 Everything else is BF16 under the `language_model.` prefix, except the router's
-`e_score_correction_bias`, which K2.6 keeps in float32 (SPEC §1).
+`e_score_correction_bias`, which K2.6 keeps in float32 (docs/formats.md §1).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Iterator, Mapping
 
 import torch
 
-from .int4_export import quantize_int4_packed
+from ..checkpoint_builder.int4 import quantize_int4_packed
 
 TEXT_PREFIX = "language_model."
 BF16 = torch.bfloat16

@@ -13,16 +13,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..checkpoint_builder.config import ROPE_THETA, k2_text_config, yarn_rope_scaling
 from ..numerics.constants import INT4_GROUP_SIZE, NVFP4_BLOCK_SIZE
 from .specials import BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, special_id
 
-# K2.6 values kept as they are (SPEC §1).
-K2_ROUTED_SCALING_FACTOR = 2.827
-K2_ROPE_THETA = 50000.0
-K2_YARN = {"type": "yarn", "factor": 64.0, "original_max_position_embeddings": 4096,
-           "beta_fast": 1.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
+# K2.6's context (docs/formats.md §1), kept so the yarn rope parameters are K2.6's own.
 K2_MAX_POSITION_EMBEDDINGS = 262144
-K2_RMS_NORM_EPS = 1e-5
 
 
 @dataclass(frozen=True)
@@ -66,60 +62,24 @@ class TinyK2Spec:
             "pad_token_id": special_id(PAD_TOKEN, self.vocab_size),
         }
 
-    def text_config(self) -> dict[str, Any]:
-        """The checkpoint's `text_config`: DeepseekV3 keys with K2.6's names and values."""
-        return {
-            "architectures": ["DeepseekV3ForCausalLM"],
-            "model_type": "deepseek_v3",
-            "attention_bias": False,
-            "attention_dropout": 0.0,
-            "aux_loss_alpha": 0.001,
-            "ep_size": 1,
-            "first_k_dense_replace": self.first_k_dense_replace,
-            "hidden_act": "silu",
-            "hidden_size": self.hidden_size,
-            "initializer_range": self.initializer_range,
-            "intermediate_size": self.intermediate_size,
-            "kv_lora_rank": self.kv_lora_rank,
-            "max_position_embeddings": K2_MAX_POSITION_EMBEDDINGS,
-            "moe_intermediate_size": self.moe_intermediate_size,
-            "moe_layer_freq": 1,
-            "n_group": 1,
-            "n_routed_experts": self.n_routed_experts,
-            "n_shared_experts": self.n_shared_experts,
-            "norm_topk_prob": True,
-            "num_attention_heads": self.num_attention_heads,
-            "num_experts_per_tok": self.num_experts_per_tok,
-            "num_hidden_layers": self.num_hidden_layers,
-            "num_key_value_heads": self.num_attention_heads,
-            "num_nextn_predict_layers": 0,
-            "pretraining_tp": 1,
-            "q_lora_rank": self.q_lora_rank,
-            "qk_nope_head_dim": self.qk_nope_head_dim,
-            "qk_rope_head_dim": self.qk_rope_head_dim,
-            "rms_norm_eps": K2_RMS_NORM_EPS,
-            "rope_scaling": dict(K2_YARN),
-            "rope_theta": K2_ROPE_THETA,
-            "routed_scaling_factor": K2_ROUTED_SCALING_FACTOR,
-            "scoring_func": "sigmoid",
-            "seq_aux": True,
-            "tie_word_embeddings": False,
-            "topk_group": 1,
-            "topk_method": "noaux_tc",
-            "torch_dtype": "bfloat16",
-            "use_cache": True,
-            "v_head_dim": self.v_head_dim,
-            "vocab_size": self.vocab_size,
-            **self.token_ids(),
-        }
+    def text_config(self, quantization_config: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The checkpoint's `text_config`: DeepseekV3 keys with K2.6's names and values, built by the checkpoint
+        builder (`quantization_config`: the INT4 block the exported checkpoint carries; None for training)."""
+        dims = {name: getattr(self, name) for name in (
+            "first_k_dense_replace", "hidden_size", "initializer_range", "intermediate_size", "kv_lora_rank",
+            "moe_intermediate_size", "n_routed_experts", "n_shared_experts", "num_attention_heads",
+            "num_experts_per_tok", "num_hidden_layers", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+            "v_head_dim", "vocab_size")}
+        dims.update(max_position_embeddings=K2_MAX_POSITION_EMBEDDINGS, num_key_value_heads=self.num_attention_heads)
+        return k2_text_config(dims, token_ids=self.token_ids(), quantization_config=quantization_config)
 
     def transformers_config(self):
         """`DeepseekV3Config` for training (transformers 5.x names: rope_parameters)."""
         from transformers import DeepseekV3Config
 
         tc = self.text_config()
-        rope = {k: v for k, v in K2_YARN.items() if k != "type"}
-        rope.update(rope_type="yarn", rope_theta=K2_ROPE_THETA)
+        rope = {k: v for k, v in yarn_rope_scaling(K2_MAX_POSITION_EMBEDDINGS).items() if k != "type"}
+        rope.update(rope_type="yarn", rope_theta=ROPE_THETA)
         keep = ("hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
                 "num_attention_heads", "num_key_value_heads", "n_shared_experts", "n_routed_experts",
                 "routed_scaling_factor", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim",

@@ -3,8 +3,8 @@
 Files written (what `kimi_nvfp4.data.tokenizer.load_tokenizer` and transformers read):
 - `tokenizer.json`: a `tokenizers` byte-level BPE; the pre-tokenizer splits text with the
   cl100k-style pattern tiktoken tokenizers (Kimi's included) use for code, then maps bytes;
-- `tokenizer_config.json`: `added_tokens_decoder` with every id of the special block,
-  bos/eos/pad tokens and the chat template;
+- `tokenizer_config.json`: `added_tokens_decoder` with every id of the special block (the checkpoint
+  builder's, kimi_nvfp4/checkpoint_builder/tokenizer_files.py), bos/eos/pad tokens and the chat template;
 - `chat_template.jinja`: the same template as a file (K2.6 ships it this way).
 The BPE vocabulary fills ids `[0, vocab_size - 256)`; Kimi's specials occupy the top 256 ids at
 Kimi's own offsets (see `specials.py`).
@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Iterable
 
-from .atomic import write_text_atomic
+from ..checkpoint_builder.tokenizer_files import added_tokens_decoder, write_text_files
 from .chat_template import KIMI_CHAT_TEMPLATE
 from .specials import BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, SPECIAL_BLOCK_SIZE, special_tokens
 
@@ -60,13 +60,8 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE):
 
 
 def tokenizer_config(vocab_size: int) -> dict:
-    decoder = {
-        str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
-                 "single_word": False, "special": True}
-        for i, t in sorted(special_tokens(vocab_size).items())
-    }
     return {
-        "added_tokens_decoder": decoder,
+        "added_tokens_decoder": added_tokens_decoder(special_tokens(vocab_size)),
         "bos_token": BOS_TOKEN,
         "eos_token": EOS_TOKEN,
         "pad_token": PAD_TOKEN,
@@ -81,14 +76,11 @@ def tokenizer_config(vocab_size: int) -> dict:
 
 def write_tokenizer_files(tokenizer, out_dir: Path, vocab_size: int) -> list[Path]:
     """Write tokenizer.json, tokenizer_config.json and chat_template.jinja atomically."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    files = {
+    return write_text_files(out_dir, {
         TOKENIZER_FILE: tokenizer.to_str(pretty=False),
         TOKENIZER_CONFIG_FILE: json.dumps(tokenizer_config(vocab_size), indent=2, ensure_ascii=False) + "\n",
         CHAT_TEMPLATE_FILE: KIMI_CHAT_TEMPLATE,
-    }
-    return [write_text_atomic(out_dir / name, text) for name, text in files.items()]
+    })
 
 
 def load_tokenizer_json(directory: Path):

@@ -2,7 +2,7 @@
 pass-through BF16 tensors.
 
 The weights are seeded random values, not a trained vision model: the pipeline never runs them
-(convert copies them bit for bit, SPEC §2 keeps them BF16); they exist so every stage meets the
+(convert copies them bit for bit, docs/formats.md §2 keeps them BF16); they exist so every stage meets the
 same tensor families as in the real checkpoint. Names follow MoonViT's module tree as shipped
 with Kimi K2.5/K2.6 (patch embedding, encoder blocks with fused wqkv, patch-merging projector).
 """

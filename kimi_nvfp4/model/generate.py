@@ -76,8 +76,8 @@ def sample_token(logits: torch.Tensor, temperature: float, top_p: float, generat
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
-# The NVFP4 checkpoint declares an FP8 KV cache without k/v scales (SPEC §2): SGLang then stores the MLA
-# latent and k_pe as plain float8_e4m3fn casts (scale 1.0).
+# The NVFP4 checkpoint declares an FP8 KV cache without k/v scales (docs/formats.md §2, §3): SGLang then stores
+# the MLA latent and k_pe as plain float8_e4m3fn casts (scale 1.0).
 FP8_KV_CACHE_DTYPE = torch.float8_e4m3fn
 _FP8_KV_MAX = 448.0
 

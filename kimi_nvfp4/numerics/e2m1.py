@@ -1,4 +1,4 @@
-"""FP4 E2M1: the 4-bit element format of NVFP4.
+"""FP4 E2M1: the 4-bit element format of NVFP4 (docs/formats.md §2).
 
 A code is `sign << 3 | m`; `m` indexes the magnitudes {0, 0.5, 1, 1.5, 2, 3, 4, 6}. Rounding follows
 Model Optimizer's `NVFP4QTensor._cast_fp4` exactly (modelopt/torch/quantization/qtensor/nvfp4_tensor.py):

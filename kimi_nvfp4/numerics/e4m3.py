@@ -1,4 +1,4 @@
-"""FP8 E4M3 (float8_e4m3fn) as used for NVFP4 block scales.
+"""FP8 E4M3 (float8_e4m3fn) as used for NVFP4 block scales (docs/formats.md §2).
 
 Positive finite e4m3fn values are ordered like their bit patterns 0x01..0x7E (0x7F is NaN), so the
 "neighbouring E4M3 value" of a scale is its bit pattern plus or minus one. Scale methods work on these

@@ -1,6 +1,6 @@
 """compressed-tensors `pack-quantized` INT4 (what Kimi K2.x ships for routed experts).
 
-Layout (SPEC §1): `weight_packed` int32 `[out, in/8]`; column `8j+k` is bits `4k..4k+3` of word
+Layout (docs/formats.md §1): `weight_packed` int32 `[out, in/8]`; column `8j+k` is bits `4k..4k+3` of word
 `j`; each nibble holds `q + 8`. `W[r, c] = q[r, c] * weight_scale[r, c // group]`.
 Matches compressed_tensors.compressors.pack_quantized.helpers.{pack_to_int32, unpack_from_int32}.
 """

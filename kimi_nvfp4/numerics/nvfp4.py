@@ -1,6 +1,7 @@
 """NVFP4 tensors: Model Optimizer's weight format and the activation rounding of Blackwell W4A4 kernels.
 
-Weight dequantization (SPEC §2): `W[o, i] = e2m1(code[o, i]) * float(weight_scale[o, i // 16]) * weight_scale_2`.
+Weight dequantization (docs/formats.md §2):
+`W[o, i] = e2m1(code[o, i]) * float(weight_scale[o, i // 16]) * weight_scale_2`.
 `quantize_nvfp4` reproduces `NVFP4QTensor.quantize` (modelopt/torch/quantization/qtensor/nvfp4_tensor.py)
 bit for bit, operation by operation, because every fp32 rounding step can flip a code:
 

@@ -1,7 +1,8 @@
 """What the runner needs from a stage: a name, its settings, whether it already ran with them, and `run`.
 
-The runner only orchestrates (order, resume, first failure, summary); each stage adapter in `stages.py` maps the
-pipeline config onto one stage's Python API and reads/writes its record in the manifest.
+The runner only orchestrates (order, resume, first failure, summary); each stage adapter in `stages/` turns its
+pipeline.toml section into the stage's options model, calls the stage's Python API and reads/writes its record
+in the manifest.
 """
 
 from __future__ import annotations
@@ -9,10 +10,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..errors import GateFailure
-from .config import PipelineConfig
+
+if TYPE_CHECKING:  # config.py builds PipelineConfig from the stage adapters, which import this module
+    from .config import PipelineConfig
 
 
 @dataclass

@@ -4,11 +4,13 @@ from .api import PublishResult, publish_checkpoint
 from .card import build_model_card
 from .checks import Readiness, check_publishable
 from .files import PublishFile, list_publish_files
+from .options import PublishOptions
 from .upload import HubAuthError, UploadResult, upload_to_hub
 
 __all__ = [
     "HubAuthError",
     "PublishFile",
+    "PublishOptions",
     "PublishResult",
     "Readiness",
     "UploadResult",

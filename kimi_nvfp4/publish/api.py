@@ -9,6 +9,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from ..checkpoint.manifest import StageRecord, load_manifest, save_manifest
 from ..checkpoint.output_lock import output_lock
@@ -17,6 +18,7 @@ from ..errors import KimiNvfp4Error, OutputError
 from .card import GENERATED_MARKER, build_model_card
 from .checks import Readiness, check_publishable
 from .files import CARD_NAME, SOURCE_CARD_NAME, PublishFile, format_size, list_publish_files
+from .options import PublishOptions
 from .reports import ReportSet
 from .upload import UploadResult, resolved_endpoint, upload_to_hub
 
@@ -92,40 +94,40 @@ def check_repo_id(repo_id: str) -> None:
 def publish_checkpoint(
     output: str | Path,
     repo_id: str,
+    options: PublishOptions | None = None,
     *,
-    private: bool = False,
-    revision: str | None = None,
-    dry_run: bool = False,
-    force_unvalidated: bool = False,
     report_dir: str | Path | None = None,
-    base_model: str | None = None,
-    endpoint: str | None = None,
-    workers: int = 4,
     progress: bool = True,
+    **overrides: Any,
 ) -> PublishResult:
     """Refuse unless `output` is complete, intact and validated; build the card; upload unless `dry_run`.
 
     Raises CheckpointError (incomplete manifest, bad shard), GateFailure (validate missing/failed without
     `force_unvalidated`), HubAuthError (no token), OutputError (the Hub refused).
     A dry run writes nothing and uses no network; a real run writes README.md and records `stages["publish"]`.
+
+    :param options: a `PublishOptions` (publish/options.py: private, revision, dry_run, force_unvalidated,
+        base_model, endpoint, workers); its fields may also be given as keywords.
+    :param report_dir: where validate/serve-check wrote their reports (default: OUTPUT/reports, then the manifest).
     """
+    opts = PublishOptions.build(options, overrides, "publish_checkpoint")
+    private, revision, dry_run, endpoint = opts.private, opts.revision, opts.dry_run, opts.endpoint
     root = Path(output)
     check_repo_id(repo_id)
     # A real publish writes README.md and the manifest, and uploads what it verified: nothing else may write into
     # the folder meanwhile. A dry run writes nothing, not even the lock file.
     with output_lock(root, "publish", create=False) if not dry_run else contextlib.nullcontext():
-        return _publish_locked(root, repo_id, private=private, revision=revision, dry_run=dry_run,
-                               force_unvalidated=force_unvalidated, report_dir=report_dir, base_model=base_model,
-                               endpoint=endpoint, workers=workers, progress=progress)
+        return _publish_locked(root, repo_id, opts, report_dir=report_dir, progress=progress)
 
 
 def _publish_locked(
-    root: Path, repo_id: str, *, private: bool, revision: str | None, dry_run: bool, force_unvalidated: bool,
-    report_dir: str | Path | None, base_model: str | None, endpoint: str | None, workers: int, progress: bool,
+    root: Path, repo_id: str, opts: PublishOptions, *, report_dir: str | Path | None, progress: bool
 ) -> PublishResult:
-    readiness = check_publishable(root, force_unvalidated=force_unvalidated, workers=workers, progress=progress)
+    private, revision, dry_run, endpoint = opts.private, opts.revision, opts.dry_run, opts.endpoint
+    readiness = check_publishable(root, force_unvalidated=opts.force_unvalidated, workers=opts.workers,
+                                  progress=progress)
     reports = ReportSet.find(root, report_dir)
-    card = build_model_card(root, repo_id, readiness, reports=reports, base_model=base_model)
+    card = build_model_card(root, repo_id, readiness, reports=reports, base_model=opts.base_model)
     files = _planned_files(root, card)
     result = PublishResult(repo_id, dry_run, files, sum(f.bytes for f in files), card, readiness,
                            resolved_endpoint(endpoint))

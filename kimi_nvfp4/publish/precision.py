@@ -24,8 +24,8 @@ _CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("mm_projector", re.compile(r"^mm_projector\.")),
 )
 OTHER = "other"
-# NVFP4 packs two E2M1 values per uint8 byte (SPEC §2: `weight` uint8 [out, in/2]); an unconverted INT4 source
-# packs eight nibbles per int32 `weight_packed` (SPEC §1).
+# NVFP4 packs two E2M1 values per uint8 byte (docs/formats.md §2: `weight` uint8 [out, in/2]); an unconverted INT4
+# source packs eight nibbles per int32 `weight_packed` (docs/formats.md §1).
 E2M1_PER_BYTE = 2
 INT4_PER_INT32 = 8
 _DTYPE_NAMES = {torch.bfloat16: "BF16", torch.float16: "FP16", torch.float32: "FP32", torch.uint8: "NVFP4",

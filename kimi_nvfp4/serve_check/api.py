@@ -10,6 +10,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from .. import __version__
 from ..errors import GateFailure, KimiNvfp4Error
@@ -18,6 +19,7 @@ from .gpu_fit import GpuInfo, check_gpu_fit, checkpoint_weight_gib
 from .launcher import DEFAULT_READY_TIMEOUT_S, ManagedServer, ServerLaunchError
 from .load_fit import check_reference_fit
 from .loadgen import LoadSweep, run_sweep_async
+from .options import ServeCheckOptions
 from .profiles import DEFAULT_HOST, DEFAULT_PORT, build_launch_command, get_profile
 from .quality.agreement import AgreementSamples, collect_agreement_samples, score_agreement
 from .quality.humaneval import run_humaneval
@@ -137,26 +139,27 @@ def _score_agreement(report: QualityReport, samples: AgreementSamples | None, ch
 
 def run_serve_check(
     checkpoint: str | Path,
+    options: ServeCheckOptions | None = None,
     *,
-    profile: str | None = None,
-    url: str | None = None,
     report_dir: str | Path,
-    load: LoadConfig | None = None,
-    quality: QualityConfig | None = None,
-    compare: str | None = None,
-    extra_args: tuple[str, ...] = (),
-    compare_extra_args: tuple[str, ...] = (),
-    port: int = DEFAULT_PORT,
-    ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S,
     gpus: list[GpuInfo] | None = None,
     progress: bool = True,
+    **overrides: Any,
 ) -> ServeCheckReport:
     """Measure `checkpoint` served by SGLang (`profile`) or by a running server (`url`); write the report.
 
     `load=None` or an empty concurrency list skips the load sweep; `quality` chooses the smoke tests.
     `compare` (a profile or URL) is loaded with the same workload and drawn on the same chart.
     Returns the report (also written to `report_dir`); `report.passed` says whether every gate held.
+
+    :param options: a `ServeCheckOptions` (serve_check/options.py: profile, url, compare, extra_args,
+        compare_extra_args, port, ready_timeout_s, quick, load, quality); its fields may also be keywords.
+    :param gpus: the GPUs to check a profile against (default: asked from nvidia-smi).
     """
+    opts = ServeCheckOptions.build(options, overrides, "run_serve_check")
+    profile, url, compare, load, quality = opts.profile, opts.url, opts.compare, opts.load, opts.quality
+    extra_args, compare_extra_args = opts.extra_args, opts.compare_extra_args
+    port, ready_timeout_s = opts.port, opts.ready_timeout_s
     if (profile is None) == (url is None):
         raise KimiNvfp4Error("give exactly one of a serving profile or the URL of a running server")
     for spec in (profile, compare):
@@ -165,7 +168,6 @@ def run_serve_check(
     checkpoint = Path(checkpoint)
     report_dir = Path(report_dir)
     report_dir.mkdir(parents=True, exist_ok=True)
-    quality = quality or QualityConfig()
     started = _now()
     spec = url or profile
     with serving(checkpoint, spec, report_dir, extra_args=extra_args, port=port, ready_timeout_s=ready_timeout_s,

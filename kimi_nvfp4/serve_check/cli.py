@@ -7,8 +7,9 @@ from pathlib import Path
 import click
 
 from .engine_worker import DEFAULT_MAX_PENDING
-from .launcher import DEFAULT_READY_TIMEOUT_S
-from .profiles import DEFAULT_PORT, PROFILES, parse_extra_args
+from ..stage_options import cli_options, options_from_cli
+from .options import ServeCheckOptions
+from .profiles import DEFAULT_PORT
 
 GATE_CHOICES = ("auto", "production", "reference", "none")
 
@@ -24,18 +25,10 @@ def _int_list(ctx, param, value: str | None) -> list[int] | None:
 
 @click.command("serve-check")
 @click.argument("checkpoint", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--profile", type=str, help=f"launch SGLang with a profile: {', '.join(PROFILES)} (suffix -naive: "
-              "radix cache off, BF16 KV)")
-@click.option("--url", help="use a server that is already running (SGLang or serve-reference) instead")
 @click.option("--report", "report_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="folder for serve_check.{json,md,png} and server logs")
-@click.option("--compare", help="second configuration (profile or URL) measured with the same load, same chart")
-@click.option("--extra-args", default=None, help="extra SGLang flags, override the profile's (quoted string)")
-@click.option("--compare-extra-args", default=None, help="extra SGLang flags for --compare")
-@click.option("--port", type=int, default=DEFAULT_PORT, show_default=True, help="port for a launched SGLang")
-@click.option("--ready-timeout", type=float, default=DEFAULT_READY_TIMEOUT_S, show_default=True,
-              help="seconds to wait for /health_generate")
-@click.option("--quick", is_flag=True, help="small load and quality sets (the demo preset, ~1-2 min on CPU)")
+@cli_options(ServeCheckOptions)
+# The load sweep's and the quality checks' own fields (LoadConfig, QualityConfig), flattened to flags.
 @click.option("--concurrency", callback=_int_list, help="concurrent sessions per point, e.g. 1,2,4,6,8,16,32")
 @click.option("--sessions", type=int, help="sessions each user runs per point")
 @click.option("--turns", type=int, help="requests per session")
@@ -54,10 +47,10 @@ def _int_list(ctx, param, value: str | None) -> list[int] | None:
 @click.option("--gates", type=click.Choice(GATE_CHOICES), default="auto", show_default=True,
               help="auto: reference gates for the reference server, production gates otherwise")
 @click.option("--no-progress", is_flag=True, help="no progress bars")
-def serve_check_command(checkpoint, profile, url, report_dir, compare, extra_args, compare_extra_args, port,
-                        ready_timeout, quick, concurrency, sessions, turns, input_tokens, output_tokens, tool_gap,
-                        point_timeout, request_timeout, num_gpus, no_load, no_humaneval, humaneval_limit,
-                        no_tool_calls, no_agreement, agreement_device, gates, no_progress):
+def serve_check_command(checkpoint, report_dir, options: ServeCheckOptions, concurrency, sessions, turns,
+                        input_tokens, output_tokens, tool_gap, point_timeout, request_timeout, num_gpus, no_load,
+                        no_humaneval, humaneval_limit, no_tool_calls, no_agreement, agreement_device, gates,
+                        no_progress):
     """Serve CHECKPOINT (launch SGLang with --profile, or attach with --url), load it with closed-loop
     coding-agent sessions across a concurrency sweep, run quality smoke tests, and write a report.
 
@@ -65,25 +58,21 @@ def serve_check_command(checkpoint, profile, url, report_dir, compare, extra_arg
     not fit the profile, 6 when the server fails to start.
     """
     from .api import raise_on_failure, run_serve_check
-    from .report import Gates, QualityConfig
-    from .workload import LoadConfig
+    from .report import Gates
 
-    overrides = {k: v for k, v in dict(
+    load = {k: v for k, v in dict(
         concurrency=concurrency, sessions_per_user=sessions, turns=turns, input_tokens=input_tokens,
         output_tokens=output_tokens, tool_gap_s=tool_gap, point_timeout_s=point_timeout,
         request_timeout_s=request_timeout, num_gpus=num_gpus).items() if v is not None}
-    load = None if no_load else (LoadConfig.quick(**overrides) if quick else LoadConfig(**overrides))
     gate_set = {"auto": None, "production": Gates.production(), "reference": Gates.reference(),
                 "none": Gates(max_load_error_rate=None)}[gates]
-    q_over = {k: v for k, v in dict(humaneval=not no_humaneval, tool_calls=not no_tool_calls,
-                                    agreement=not no_agreement, humaneval_limit=humaneval_limit,
-                                    agreement_device=agreement_device, gates=gate_set).items() if v is not None}
-    quality = QualityConfig.quick(**q_over) if quick else QualityConfig(**q_over)
-    report = run_serve_check(
-        checkpoint, profile=profile, url=url, report_dir=report_dir, load=load, quality=quality, compare=compare,
-        extra_args=parse_extra_args(extra_args), compare_extra_args=parse_extra_args(compare_extra_args),
-        port=port, ready_timeout_s=ready_timeout, progress=not no_progress,
-    )
+    quality = {k: v for k, v in dict(humaneval=not no_humaneval, tool_calls=not no_tool_calls,
+                                     agreement=not no_agreement, humaneval_limit=humaneval_limit,
+                                     agreement_device=agreement_device, gates=gate_set).items() if v is not None}
+    # Tables of overrides: ServeCheckOptions starts them from the default or the --quick preset.
+    options = options_from_cli(ServeCheckOptions, {**dict(options), "load": None if no_load else load,
+                                                   "quality": quality})
+    report = run_serve_check(checkpoint, options, report_dir=report_dir, progress=not no_progress)
     click.echo(f"serve-check {'passed' if report.passed else 'FAILED'}; report in {report_dir}/serve_check.md")
     raise_on_failure(report)
 

@@ -21,14 +21,9 @@ from tqdm.auto import tqdm
 from ..checkpoint.k2_config import K2Config
 from ..checkpoint.layout import LayoutKind
 from ..checkpoint.writer import write_index, write_json_atomic
+from ..checkpoint_builder.config import deepseek_v3_config
 from ..errors import OutputError
-from .configs import (
-    KIMI_VOCAB_SIZE,
-    PRESETS,
-    deepseek_v3_config,
-    deepseek_v3_text_config,
-    kimi_k25_config,
-)
+from .configs import KIMI_VOCAB_SIZE, PRESETS, deepseek_v3_text_config, kimi_k25_config
 from .tensors import CodeDistribution, TensorSpec, checkpoint_tensor_specs
 from .tokenizer_files import write_tokenizer_files
 from .writing import lay_out_shards, resolve_synth_device, write_shards
@@ -86,7 +81,8 @@ def plan_synthetic_checkpoint(
     if preset not in PRESETS:
         raise ValueError(f"preset must be one of {PRESETS}, got {preset!r}")
     kind = LayoutKind(layout)
-    text_cfg = deepseek_v3_text_config(preset, layers=layers, experts=experts, vocab_size=vocab_size, overrides=config_overrides)
+    text_cfg = deepseek_v3_text_config(preset, layers=layers, experts=experts, vocab_size=vocab_size,
+                                       overrides=config_overrides, vision=kind is LayoutKind.KIMI_K25)
     text = K2Config.from_dict(text_cfg)
     if kind is LayoutKind.KIMI_K25:
         config, prefix = kimi_k25_config(text_cfg, preset), KIMI_K25_PREFIX

@@ -1,4 +1,5 @@
-"""config.json contents of synthetic Kimi K2 checkpoints, laid out exactly as Moonshot ships them (SPEC §1).
+"""config.json contents of synthetic Kimi K2 checkpoints, laid out as Moonshot ships them (docs/formats.md §1),
+built by the one checkpoint builder (kimi_nvfp4/checkpoint_builder/config.py) with synth's presets.
 
 Two presets:
 - `tiny`: every dimension small (hidden 64, experts 8 x width 32) but a multiple of the INT4 group
@@ -14,15 +15,25 @@ weights matter (the tokenizer ids then exceed the vocabulary; do not run chats t
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
-# Kimi's tokenizer: 163584 BPE ranks followed by 256 special / reserved ids.
-KIMI_VOCAB_SIZE = 163840
-KIMI_BOS_ID = 163584
-KIMI_EOS_ID = 163585
-KIMI_PAD_ID = 163839
-KIMI_MEDIA_PLACEHOLDER_ID = 163605
+from ..checkpoint_builder import compressed_tensors_int4_config, k2_text_config
+from ..checkpoint_builder import kimi_k25_config as builder_kimi_k25_config
+from ..checkpoint_builder.tokenizer_files import (
+    BOS_TOKEN,
+    EOS_TOKEN,
+    KIMI_VOCAB_SIZE,
+    MEDIA_PLACEHOLDER_TOKEN,
+    PAD_TOKEN,
+    special_id,
+)
+
+# Kimi's own special ids (163584 BPE ranks, then 256 special / reserved ids), kept whatever `vocab_size` is.
+KIMI_BOS_ID = special_id(BOS_TOKEN)
+KIMI_EOS_ID = special_id(EOS_TOKEN)
+KIMI_PAD_ID = special_id(PAD_TOKEN)
+KIMI_MEDIA_PLACEHOLDER_ID = special_id(MEDIA_PLACEHOLDER_TOKEN)
+KIMI_TOKEN_IDS = {"bos_token_id": KIMI_BOS_ID, "eos_token_id": KIMI_EOS_ID, "pad_token_id": KIMI_PAD_ID}
 
 TEXT_PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {
@@ -42,7 +53,6 @@ TEXT_PRESETS: dict[str, dict[str, Any]] = {
         "qk_rope_head_dim": 16,
         "v_head_dim": 16,
         "max_position_embeddings": 4096,
-        "routed_scaling_factor": 2.827,
     },
     "k2.6": {
         "hidden_size": 7168,
@@ -61,7 +71,6 @@ TEXT_PRESETS: dict[str, dict[str, Any]] = {
         "qk_rope_head_dim": 64,
         "v_head_dim": 128,
         "max_position_embeddings": 262144,
-        "routed_scaling_factor": 2.827,
     },
 }
 
@@ -71,51 +80,6 @@ VISION_PRESETS: dict[str, dict[str, Any]] = {
 }
 PRESETS = tuple(TEXT_PRESETS)
 
-# compressed-tensors `pack-quantized` INT4 group-32 block exactly as Kimi K2.5/K2.6/K2-Thinking ship it.
-_COMPRESSED_TENSORS_INT4 = {
-    "config_groups": {
-        "group_0": {
-            "input_activations": None,
-            "output_activations": None,
-            "targets": ["Linear"],
-            "weights": {
-                "actorder": None,
-                "block_structure": None,
-                "dynamic": False,
-                "group_size": 32,
-                "num_bits": 4,
-                "observer": "minmax",
-                "observer_kwargs": {},
-                "strategy": "group",
-                "symmetric": True,
-                "type": "int",
-            },
-        }
-    },
-    "format": "pack-quantized",
-    "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"],
-    "kv_cache_scheme": None,
-    "quant_method": "compressed-tensors",
-    "quantization_status": "compressed",
-}
-
-
-def compressed_tensors_int4_config() -> dict[str, Any]:
-    return copy.deepcopy(_COMPRESSED_TENSORS_INT4)
-
-
-def _yarn_rope_scaling(max_positions: int) -> dict[str, Any]:
-    # K2.x: YaRN with factor 64 over a 4096-token original window (262144 = 64 * 4096).
-    return {
-        "beta_fast": 1.0,
-        "beta_slow": 1.0,
-        "factor": 64.0,
-        "mscale": 1.0,
-        "mscale_all_dim": 1.0,
-        "original_max_position_embeddings": max(1, max_positions // 64),
-        "type": "yarn",
-    }
-
 
 def deepseek_v3_text_config(
     preset: str,
@@ -124,47 +88,19 @@ def deepseek_v3_text_config(
     experts: int | None = None,
     vocab_size: int = KIMI_VOCAB_SIZE,
     overrides: dict[str, Any] | None = None,
+    vision: bool = True,
 ) -> dict[str, Any]:
-    """Every key of a DeepseekV3 `config.json` (as in Kimi K2), with the preset's dimensions."""
+    """Every key of a DeepseekV3 `config.json` (as in Kimi K2), with the preset's dimensions and the
+    compressed-tensors INT4 block (`vision`: the K2.5/K2.6 wrapper's, which also ignores the vision tower)."""
     dims = dict(TEXT_PRESETS[preset])
     if layers is not None:
         dims["num_hidden_layers"] = layers
     if experts is not None:
         dims["n_routed_experts"] = experts
         dims["num_experts_per_tok"] = min(dims["num_experts_per_tok"], experts)
-    cfg: dict[str, Any] = {
-        "architectures": ["DeepseekV3ForCausalLM"],
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "aux_loss_alpha": 0.001,
-        "bos_token_id": KIMI_BOS_ID,
-        "eos_token_id": KIMI_EOS_ID,
-        "ep_size": 1,
-        "hidden_act": "silu",
-        "initializer_range": 0.02,
-        "model_type": "deepseek_v3",
-        "moe_layer_freq": 1,
-        "n_group": 1,
-        "norm_topk_prob": True,
-        "num_nextn_predict_layers": 0,
-        "pad_token_id": KIMI_PAD_ID,
-        "pretraining_tp": 1,
-        "rms_norm_eps": 1e-05,
-        "rope_theta": 50000.0,
-        "scoring_func": "sigmoid",
-        "seq_aux": True,
-        "tie_word_embeddings": False,
-        "topk_group": 1,
-        "topk_method": "noaux_tc",
-        "torch_dtype": "bfloat16",
-        "use_cache": True,
-        "vocab_size": vocab_size,
-        **dims,
-    }
-    cfg["rope_scaling"] = _yarn_rope_scaling(cfg["max_position_embeddings"])
-    cfg.update(overrides or {})
-    cfg["quantization_config"] = compressed_tensors_int4_config()
-    return dict(sorted(cfg.items()))
+    dims = {**dims, "vocab_size": vocab_size, **(overrides or {})}
+    return k2_text_config(dims, token_ids=KIMI_TOKEN_IDS,
+                          quantization_config=compressed_tensors_int4_config(vision=vision))
 
 
 def vision_config(preset: str, text_hidden_size: int) -> dict[str, Any]:
@@ -182,34 +118,7 @@ def vision_config(preset: str, text_hidden_size: int) -> dict[str, Any]:
 
 
 def kimi_k25_config(text_config: dict[str, Any], preset: str) -> dict[str, Any]:
-    """The K2.5/K2.6 wrapper: quantization_config at the top level AND inside text_config (SPEC §1)."""
-    return {
-        "architectures": ["KimiK25ForConditionalGeneration"],
-        "auto_map": {
-            "AutoConfig": "configuration_kimi_k25.KimiK25Config",
-            "AutoModel": "modeling_kimi_k25.KimiK25ForConditionalGeneration",
-            "AutoModelForCausalLM": "modeling_kimi_k25.KimiK25ForConditionalGeneration",
-        },
-        "bos_token_id": KIMI_BOS_ID,
-        "eos_token_id": KIMI_EOS_ID,
-        "ignore_index": -100,
-        "media_placeholder_token_id": KIMI_MEDIA_PLACEHOLDER_ID,
-        "model_type": "kimi_k25",
-        "pad_token_id": KIMI_PAD_ID,
-        "quantization_config": compressed_tensors_int4_config(),
-        "text_config": text_config,
-        "tie_word_embeddings": False,
-        "use_unified_vision_chunk": True,
-        "vision_config": vision_config(preset, text_config["hidden_size"]),
-    }
-
-
-def deepseek_v3_config(text_config: dict[str, Any]) -> dict[str, Any]:
-    """Kimi-K2-Thinking: the text config is the whole config.json (no wrapper, no prefix)."""
-    cfg = dict(text_config)
-    cfg["auto_map"] = {
-        "AutoConfig": "configuration_deepseek.DeepseekV3Config",
-        "AutoModel": "modeling_deepseek.DeepseekV3Model",
-        "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM",
-    }
-    return dict(sorted(cfg.items()))
+    """The K2.5/K2.6 wrapper as Moonshot ships it (with its remote-code keys), around `text_config`."""
+    return builder_kimi_k25_config(text_config, vision_config(preset, text_config["hidden_size"]),
+                                   token_ids=KIMI_TOKEN_IDS, media_placeholder_token_id=KIMI_MEDIA_PLACEHOLDER_ID,
+                                   remote_code=True)

@@ -21,6 +21,7 @@ import torch
 from ..checkpoint.k2_config import K2Config
 from ..checkpoint.layout import PROJS
 from ..checkpoint.writer import spec_nbytes
+from ..checkpoint_builder.int4 import SYMMETRIC_INT4_HALF_RANGE, quantize_int4
 from ..numerics.constants import INT4_GROUP_SIZE, INT4_MAX, INT4_MIN, INT4_PER_INT32
 from ..numerics.int4 import pack_int4
 
@@ -28,10 +29,9 @@ from ..numerics.int4 import pack_int4
 LINEAR_WEIGHT_STD = 0.02
 # Per-row spread (log-normal sigma) of expert weight magnitudes, so group scales vary like real ones.
 EXPERT_ROW_LOG_STD = 0.3
-# Realistic INT4: compressed-tensors' symmetric minmax rule (quantization/utils/helpers.py
-# `calculate_qparams`: scale = absmax / (bit_range / 2) = absmax / 7.5), so a group's extreme value
-# lands on +7 (clamped from 7.5) or -8, and every one of the 16 codes occurs.
-INT4_ABSMAX_DIVISOR = (INT4_MAX - INT4_MIN) / 2
+# Realistic INT4: compressed-tensors' symmetric minmax rule (checkpoint_builder/int4.py: scale = absmax / 7.5),
+# so a group's extreme value lands on +7 (clamped from 7.5) or -8, and every one of the 16 codes occurs.
+INT4_ABSMAX_DIVISOR = SYMMETRIC_INT4_HALF_RANGE
 # Rows generated at once for huge tensors (embeddings at real size are 1.2e9 elements).
 _GENERATE_ROWS = 4096
 
@@ -232,13 +232,7 @@ def synthetic_int4_matrix(
     row_std = LINEAR_WEIGHT_STD * torch.exp(torch.randn(out_f, 1, generator=gen, device=device) * EXPERT_ROW_LOG_STD)
     w = (workspace or Workspace(device)).buffer("int4", (out_f, in_f))
     torch.randn((out_f, in_f), generator=gen, out=w)
-    w3 = w.mul_(row_std).view(out_f, groups, INT4_GROUP_SIZE)
-    # max |w| per group in one pass, without an |w| temporary: max(max w, -min w) is exactly amax(|w|).
-    low, high = torch.aminmax(w3, dim=-1)
-    scale = (torch.maximum(high, low.neg_()) / INT4_ABSMAX_DIVISOR).to(torch.bfloat16)
-    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
-    codes = w3.div_(scale.float().unsqueeze(-1)).round_().clamp_(INT4_MIN, INT4_MAX).to(torch.int8)
-    return codes.view(out_f, in_f), scale
+    return quantize_int4(w.mul_(row_std), in_place=True)
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
-"""Tokenizer-side files of a synthetic Kimi checkpoint.
+"""Tokenizer-side files of a synthetic Kimi checkpoint (special tokens and file writing from the checkpoint
+builder, kimi_nvfp4/checkpoint_builder/tokenizer_files.py).
 
 - `tiktoken.model`: BPE ranks in tiktoken's text format (`base64(token bytes) rank` per line):
   the 256 single bytes, then merges learned by a small real BPE run over `BPE_TRAINING_TEXT`.
-- `tokenizer_config.json`: Kimi's special tokens at their real ids (SPEC §1, from 163584).
+- `tokenizer_config.json`: Kimi's special tokens at their real ids (docs/formats.md §1, from 163584).
 - `chat_template.jinja`: Kimi's turn format (`<|im_user|>user<|im_middle|>...<|im_end|>`, tool
   declarations, tool calls and results).
 - `generation_config.json`, and `tokenization_kimi.py`: remote code that must never run; it raises
@@ -18,35 +19,20 @@ from collections import Counter
 from itertools import pairwise
 from pathlib import Path
 
-from .configs import KIMI_BOS_ID, KIMI_EOS_ID, KIMI_PAD_ID
+from ..checkpoint_builder.tokenizer_files import (
+    BOS_TOKEN,
+    EOS_TOKEN,
+    KIMI_VOCAB_SIZE,
+    PAD_TOKEN,
+    UNK_TOKEN,
+    added_tokens_decoder,
+    special_tokens,
+    write_text_files,
+)
+from .configs import KIMI_BOS_ID, KIMI_EOS_ID
 
-# Kimi's named special tokens at their real ids (SPEC §1); every other id in [163584, 163840) is reserved.
-KIMI_SPECIAL_TOKENS: dict[int, str] = {
-    163584: "[BOS]",
-    163585: "[EOS]",
-    163586: "<|im_end|>",
-    163587: "<|im_user|>",
-    163588: "<|im_assistant|>",
-    163590: "<|start_header_id|>",
-    163591: "<|end_header_id|>",
-    163593: "[EOT]",
-    163594: "<|im_system|>",
-    163595: "<|tool_calls_section_begin|>",
-    163596: "<|tool_calls_section_end|>",
-    163597: "<|tool_call_begin|>",
-    163598: "<|tool_call_argument_begin|>",
-    163599: "<|tool_call_end|>",
-    163601: "<|im_middle|>",
-    163602: "<|media_begin|>",
-    163603: "<|media_content|>",
-    163604: "<|media_end|>",
-    163605: "<|media_pad|>",
-    163606: "<think>",
-    163607: "</think>",
-    163838: "[UNK]",
-    163839: "[PAD]",
-}
-SPECIAL_TOKENS_START = 163584
+# Kimi's named special tokens at their real ids (docs/formats.md §1); every other id in [163584, 163840) is reserved.
+KIMI_SPECIAL_TOKENS: dict[int, str] = special_tokens(KIMI_VOCAB_SIZE, reserved=False)
 NUM_BPE_MERGES = 512
 _PRETOKENIZE = re.compile(rb" ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+")
 
@@ -107,22 +93,20 @@ def tiktoken_model_text(ranks: list[bytes]) -> str:
 
 
 def tokenizer_config() -> dict:
-    added = {
-        str(i): {"content": tok, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False, "special": True}
-        for i, tok in sorted(KIMI_SPECIAL_TOKENS.items())
-    }
+    """Kimi's tiktoken `tokenizer_config.json` (tokenization_kimi.py's TikTokenTokenizer, loaded as remote code)."""
     return {
-        "added_tokens_decoder": added,
-        "additional_special_tokens": [t for t in KIMI_SPECIAL_TOKENS.values() if t not in ("[BOS]", "[EOS]", "[UNK]", "[PAD]")],
+        "added_tokens_decoder": added_tokens_decoder(KIMI_SPECIAL_TOKENS),
+        "additional_special_tokens": [t for t in KIMI_SPECIAL_TOKENS.values()
+                                      if t not in (BOS_TOKEN, EOS_TOKEN, UNK_TOKEN, PAD_TOKEN)],
         "auto_map": {"AutoTokenizer": ["tokenization_kimi.TikTokenTokenizer", None]},
-        "bos_token": KIMI_SPECIAL_TOKENS[KIMI_BOS_ID],
+        "bos_token": BOS_TOKEN,
         "clean_up_tokenization_spaces": False,
-        "eos_token": KIMI_SPECIAL_TOKENS[KIMI_EOS_ID],
+        "eos_token": EOS_TOKEN,
         "extra_special_tokens": {},
         "model_max_length": 1048576,
-        "pad_token": KIMI_SPECIAL_TOKENS[KIMI_PAD_ID],
+        "pad_token": PAD_TOKEN,
         "tokenizer_class": "TikTokenTokenizer",
-        "unk_token": "[UNK]",
+        "unk_token": UNK_TOKEN,
     }
 
 
@@ -188,6 +172,5 @@ def write_tokenizer_files(out_dir: Path) -> list[str]:
         "generation_config.json": json.dumps(GENERATION_CONFIG, indent=2) + "\n",
         "tokenization_kimi.py": TOKENIZATION_KIMI_PY,
     }
-    for name, text in files.items():
-        (out_dir / name).write_text(text)
+    write_text_files(out_dir, files)
     return sorted(files)

@@ -1,7 +1,8 @@
 """validate: INT4 source vs NVFP4 checkpoint, layer by layer, with gates CI can rely on (issue #6)."""
 
-from .api import DEFAULT_MODES, validate_checkpoint
+from .api import validate_checkpoint
 from .gates import DEFAULT_GATES, GateResult, GateThresholds, ModeThresholds, load_gates
+from .options import DEFAULT_MODES, ValidateOptions
 from .report import ValidationReport
 from .structure import StructureReport, check_structure
 
@@ -12,6 +13,7 @@ __all__ = [
     "GateThresholds",
     "ModeThresholds",
     "StructureReport",
+    "ValidateOptions",
     "ValidationReport",
     "check_structure",
     "load_gates",

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -34,14 +34,12 @@ from ..model.nvfp4_linears import InputScaleReduction
 from .experts import WORST_EXPERTS, ExpertError, ExpertErrorObserver
 from .gates import DEFAULT_GATES, GateResult, GateThresholds, gate_check, gate_max, gate_min
 from .metrics import RelativeError, TokenComparison
+from .options import ValidateOptions
 from .ranks import merge_counts, merge_relative_errors, merge_token_comparison
 from .report import EndToEnd, LayerValidation, ValidationReport, ValidationSettings, write_validation_report
 from .structure import StructureReport, check_structure
 from .weights import WeightComparer, WeightSummary
 
-DEFAULT_VALIDATE_SAMPLES = 512
-DEFAULT_VALIDATE_SEQ_LEN = 2048
-DEFAULT_MODES = (ActivationMode.W4A4.value, ActivationMode.W4A16.value)
 VALIDATE_STAGE = "validate"
 
 
@@ -279,34 +277,32 @@ def validate_checkpoint(
     output: str | Path,
     source: str | Path,
     data: str,
+    options: ValidateOptions | None = None,
     *,
     report_dir: str | Path,
     gates: GateThresholds | None = None,
-    modes: Sequence[str] = DEFAULT_MODES,
-    device: str | torch.device = "auto",
-    samples: int = DEFAULT_VALIDATE_SAMPLES,
-    seq_len: int = DEFAULT_VALIDATE_SEQ_LEN,
-    seed: int = 0,
-    input_scale_reduction: str = InputScaleReduction.LAYER_MAX.value,
     progress: bool = True,
-    max_chunk_tokens: int | None = None,
-    states_device: str | torch.device | None = None,
     record_in_manifest: bool = True,
-    generated_sessions: int | None = None,
-    dtype: str | torch.dtype = AUTO_DTYPE,
+    **overrides: Any,
 ) -> ValidationReport:
     """Compare OUTPUT (NVFP4) with SOURCE (INT4) and evaluate every gate; writes the report to `report_dir`.
 
     Returns the report; `report.passed` is False when any gate failed (the CLI then exits 1).
     Raises (nothing written) when OUTPUT is not a converted checkpoint, SOURCE does not match it,
     or the data holds no usable held-out session.
+
+    :param data: a data spec (as calibrate's); only its held-out part is used.
+    :param options: a `ValidateOptions` (validate/options.py); its fields may also be given as keywords.
+    :param gates: thresholds to use instead of the options' (`gates_file`, `gate_overrides` over the defaults).
+    :param record_in_manifest: record the run in OUTPUT's manifest (`stages["validate"]`).
     """
+    opts = ValidateOptions.build(options, overrides, "validate_checkpoint")
+    device, samples, seq_len, seed = opts.device, opts.samples, opts.seq_len, opts.seed
+    max_chunk_tokens, states_device = opts.max_chunk_tokens, opts.states_device
     started = time.perf_counter()
-    thresholds = gates or DEFAULT_GATES
-    mode_list = [ActivationMode(m) for m in dict.fromkeys(modes)]
-    if not mode_list:
-        raise ValueError("at least one mode (w4a4, w4a16) is needed")
-    reduction = InputScaleReduction(input_scale_reduction)
+    thresholds = gates or (opts.thresholds() if opts.sets_thresholds else DEFAULT_GATES)
+    mode_list = opts.modes
+    reduction = opts.input_scale_reduction
     output, source, report_dir = Path(output), Path(source), Path(report_dir)
     out_reader, src_reader = CheckpointReader(output), CheckpointReader(source)
     require_converted(out_reader)
@@ -314,7 +310,7 @@ def validate_checkpoint(
     dev = resolve_device(device)
     ctx = rank_context(dev)
     dev = ctx.device(dev)
-    compute_dtype = resolve_dtype(dtype, dev)  # a bad name fails before the data is loaded
+    compute_dtype = resolve_dtype(opts.dtype, dev)
     sample_set = load_sample_set(
         output,
         data,
@@ -322,7 +318,7 @@ def validate_checkpoint(
         samples=samples,
         seq_len=seq_len,
         seed=seed,
-        generated_sessions=generated_sessions,
+        generated_sessions=opts.generated_sessions,
     )
 
     # the structural scan reads every tensor once: rank 0's job, shared with the others at the end

@@ -1,4 +1,4 @@
-"""Structural checks of a converted checkpoint under SGLang's loading rules (SPEC §2).
+"""Structural checks of a converted checkpoint under SGLang's loading rules (docs/formats.md §3).
 
 Pure checkpoint reads, no model: config blocks at both levels, `hf_quant_config.json`, the exclude
 list against the BF16 linears, every NVFP4 linear's tensors (names, dtypes, shapes), scale rules

@@ -10,7 +10,7 @@ import torch
 from kimi_nvfp4.checkpoint.layout import LayoutKind, parse_expert_name
 from kimi_nvfp4.checkpoint.reader import CheckpointReader
 from kimi_nvfp4.demo_model.export import export_checkpoint
-from kimi_nvfp4.demo_model.int4_export import fake_quantize_int4
+from kimi_nvfp4.checkpoint_builder.int4 import fake_quantize_int4
 from kimi_nvfp4.demo_model.readback import load_transformers_model
 from kimi_nvfp4.errors import OutputError
 

@@ -13,7 +13,7 @@ from kimi_nvfp4.checkpoint.reader import CheckpointReader
 from kimi_nvfp4.demo_model import DEMO_CHECKPOINT
 from kimi_nvfp4.demo_model.build import REPORT_FILE
 from kimi_nvfp4.demo_model.chat_template import KIMI_CHAT_TEMPLATE
-from kimi_nvfp4.demo_model.specials import KIMI_SPECIAL_OFFSETS, special_id
+from kimi_nvfp4.demo_model.specials import DEMO_SPECIAL_OFFSETS, special_id
 from kimi_nvfp4.demo_model.tokenizer_build import load_tokenizer_json
 
 MAX_SHIPPED_MIB = 8.5
@@ -60,7 +60,7 @@ def test_shipped_tokenizer_carries_kimi_specials_and_the_template(reader):
     tok = load_tokenizer_json(DEMO_CHECKPOINT)
     vocab = reader.layout.text.vocab_size
     assert tok.get_vocab_size() == vocab
-    for token in KIMI_SPECIAL_OFFSETS:
+    for token in DEMO_SPECIAL_OFFSETS:
         assert tok.encode(token).ids == [special_id(token, vocab)]
     cfg = json.loads((DEMO_CHECKPOINT / "tokenizer_config.json").read_text())
     assert cfg["chat_template"] == KIMI_CHAT_TEMPLATE == (DEMO_CHECKPOINT / "chat_template.jinja").read_text()

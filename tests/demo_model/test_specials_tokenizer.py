@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from kimi_nvfp4.demo_model.specials import KIMI_SPECIAL_OFFSETS, SPECIAL_BLOCK_SIZE, special_id, special_tokens
+from kimi_nvfp4.demo_model.specials import DEMO_SPECIAL_OFFSETS, SPECIAL_BLOCK_SIZE, special_id, special_tokens
 from kimi_nvfp4.demo_model.tokenizer_build import load_tokenizer_json
 
 # SPEC §1: Kimi K2.6's own ids in its 163840-token vocabulary.
@@ -29,7 +29,7 @@ def test_special_block_is_the_top_256_ids_with_reserved_names_for_the_rest():
     assert table[4095] == "[PAD]" and table[3840] == "[BOS]"
     assert len(set(table.values())) == SPECIAL_BLOCK_SIZE
     reserved = sum(1 for t in table.values() if t.startswith("<|reserved_token_"))
-    assert reserved == SPECIAL_BLOCK_SIZE - len(KIMI_SPECIAL_OFFSETS)
+    assert reserved == SPECIAL_BLOCK_SIZE - len(DEMO_SPECIAL_OFFSETS)
 
 
 def test_vocab_too_small_for_the_special_block_is_refused():
@@ -37,7 +37,7 @@ def test_vocab_too_small_for_the_special_block_is_refused():
         special_tokens(SPECIAL_BLOCK_SIZE)
 
 
-@pytest.mark.parametrize("token", sorted(KIMI_SPECIAL_OFFSETS))
+@pytest.mark.parametrize("token", sorted(DEMO_SPECIAL_OFFSETS))
 def test_each_special_token_is_one_id_even_inside_text(tiny_tokenizer_dir, test_spec, token):
     tok = load_tokenizer_json(tiny_tokenizer_dir)
     ids = tok.encode(f"x = 1{token}def f():").ids

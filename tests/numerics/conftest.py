@@ -5,17 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kimi_nvfp4.checkpoint_builder.int4 import quantize_int4
 from kimi_nvfp4.numerics.methods import Int4Matrix
 
 
 def realistic_int4(rows: int, cols: int, seed: int = 0, row_spread: float = 0.3) -> Int4Matrix:
-    """Gaussian weights, symmetric INT4 per group of 32 with scale absmax/7.5 in bf16 (compressed-tensors)."""
+    """Gaussian weights, symmetric INT4 per group of 32 with scale absmax/7.5 in bf16 (compressed-tensors, by the
+    checkpoint builder's quantizer)."""
     gen = torch.Generator().manual_seed(seed)
     w = torch.randn(rows, cols, generator=gen) * torch.exp(torch.randn(rows, 1, generator=gen) * row_spread)
-    groups = w.reshape(rows, -1, 32)
-    scale = (groups.abs().amax(-1) / 7.5).to(torch.bfloat16).to(torch.float32)
-    codes = torch.clamp(torch.round(groups / scale.unsqueeze(-1)), -8, 7).to(torch.int8).reshape(rows, cols)
-    return Int4Matrix(codes, scale)
+    codes, scale = quantize_int4(w, in_place=True)
+    return Int4Matrix(codes, scale.to(torch.float32))
 
 
 @pytest.fixture

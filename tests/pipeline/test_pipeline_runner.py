@@ -142,3 +142,31 @@ def test_convert_is_not_skipped_for_a_different_source(tmp_path, make_tiny_k2):
     assert set(stage.settings(ctx_a)) == {"method", "kv_cache_quant_algo"}
     assert stage.completed_settings(ctx_a).items() >= stage.settings(ctx_a).items()
     assert stage.completed_settings(ctx_b) is None
+
+
+def test_a_setting_the_stage_did_not_record_is_added_so_a_rerun_skips(tmp_path):
+    """validate records its own settings; the pipeline's `gates` (None without overrides) must be added to the
+    record, or the next run would never find it and run validate again."""
+    from kimi_nvfp4.checkpoint.manifest import (ConversionManifest, ConversionSettings, SourceRecord, StageRecord,
+                                                load_manifest, save_manifest)
+    from kimi_nvfp4.pipeline.stages.base import ManifestRecordedStage
+
+    class SelfRecordingStage(ManifestRecordedStage):
+        name = "validate"
+
+        def settings(self, ctx: StageContext) -> dict:
+            return {"samples": 2, "gates": None}
+
+        def run(self, ctx: StageContext) -> StageOutcome:
+            manifest = load_manifest(ctx.output)
+            manifest.stages[self.name] = StageRecord(settings={"samples": 2}, complete=True)
+            save_manifest(ctx.output, manifest)
+            return StageOutcome(summary="validated")
+
+    ctx = _ctx(tmp_path)
+    save_manifest(ctx.output, ConversionManifest(
+        source=SourceRecord(path=str(tmp_path / "src")), complete=True,
+        settings=ConversionSettings(method="amax", kv_cache_quant_algo=None)))
+    assert run_stages([(SelfRecordingStage(), True)], ctx).result("validate").status is StageStatus.RAN
+    assert load_manifest(ctx.output).stages["validate"].settings == {"samples": 2, "gates": None}
+    assert run_stages([(SelfRecordingStage(), True)], ctx).result("validate").status is StageStatus.SKIPPED

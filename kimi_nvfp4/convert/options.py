@@ -1,0 +1,56 @@
+"""`ConvertOptions`: convert's options, read by `kimi-nvfp4 convert`, `[convert]` in pipeline.toml and
+`convert_checkpoint` (see kimi_nvfp4/stage_options.py for how one field becomes all three)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import Field, field_validator
+
+from ..numerics.methods import DEFAULT_METHOD, ScaleMethod, weight_only_methods
+from ..stage_options import Cli, StageOptions
+
+DEVICES = ("auto", "cpu", "cuda")
+# "none": declare no KV-cache quantization (recorded as null in the manifest and left out of hf_quant_config).
+KV_CACHE_CHOICES = ("FP8", "none")
+
+
+class ConvertOptions(StageOptions):
+    method: ScaleMethod = Field(DEFAULT_METHOD, description="How NVFP4 scales are chosen for each INT4 expert matrix.")
+    # A str, not a Literal: another device is refused by `resolve_device` as a DeviceError (exit 5).
+    device: Annotated[str, Cli(choices=DEVICES)] = Field(
+        "auto", description="Where experts are quantized; CPU and CUDA write identical bytes.")
+    workers: int = Field(1, ge=1, description="Shards converted in parallel (memory: about two shards per worker).")
+    kv_cache_quant_algo: Annotated[Literal["FP8"] | None, Cli("--kv-cache", choices=KV_CACHE_CHOICES)] = Field(
+        "FP8", description="KV-cache format declared in the quant config (NVIDIA ships K2.6 with FP8).")
+    overwrite: bool = Field(False, description="Replace an earlier conversion made with other settings.")
+    revision: str | None = Field(None, description="Hub revision when SOURCE is a repo id.")
+    record_stats: Annotated[bool, Cli("--stats/--no-stats")] = Field(
+        True, description="Record each matrix's error against its INT4 values in the manifest (same bytes; slower "
+                          "on CPU).")
+    fsync: bool = Field(
+        True, description="Flush each finished shard to disk before recording it. --no-fsync leaves write-back to "
+                          "the OS (same bytes; faster where the disk is slower than the conversion): a killed run "
+                          "loses nothing, and after an OS crash or reboot a resume re-checks such shards' sha256.")
+
+    # What decides the output bytes and config: a finished output with other values is not this conversion.
+    RECORDED: ClassVar[tuple[str, ...]] = ("method", "kv_cache_quant_algo")
+
+    @field_validator("method")
+    @classmethod
+    def _weight_only(cls, value: ScaleMethod) -> ScaleMethod:
+        # methods that need calibration statistics run after calibrate (requantize), never in convert
+        allowed = weight_only_methods()
+        if value not in allowed:
+            raise ValueError(f"convert takes a weight-only method ({', '.join(m.value for m in allowed)}); "
+                             f"{value.value} needs calibration statistics")
+        return value
+
+    @field_validator("kv_cache_quant_algo", mode="before")
+    @classmethod
+    def _none_means_no_kv_quantization(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and value.lower() == "none" else value
+
+    def recorded(self) -> dict[str, Any]:
+        """The settings the manifest records for this conversion (`ConversionSettings`)."""
+        return self.model_dump(mode="json", include=set(self.RECORDED))
