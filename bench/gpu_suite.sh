@@ -63,7 +63,7 @@ case $part in
   model13)
     # Session 4 (#13): GPU tests of the model stages, then calibrate and validate at K2.6 dims, 384 experts,
     # 256 x 2048 tokens (one dense + one MoE layer; one synthetic checkpoint for both).
-    step gpu_tests 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/model tests/calibrate tests/validate
+    step gpu_tests 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/numerics tests/convert tests/model tests/calibrate tests/validate
     step calibrate 270 python3 bench/bench_calibrate.py --device cuda --work-dir /tmp/kimi_bench --json "$out/calibrate_256x2048.json" \
       --layers 2 --experts 384 --vocab-size 16384 --samples ${SAMPLES:-256} --seq-len 2048 --synth-device cuda
     step validate 270 python3 bench/bench_validate.py --device cuda --work-dir /tmp/kimi_bench --json "$out/validate_256x2048.json" \
