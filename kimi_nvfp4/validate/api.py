@@ -9,6 +9,7 @@ per-token KL, top-1 agreement and perplexity. Then every gate; the report is wri
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -31,6 +32,7 @@ from ..model.layer_weights import LayerWeights
 from ..model.linear import ActivationMode, NVFP4Linear
 from ..model.runner import CUDA_MAX_CHUNK_TOKENS, DEFAULT_MAX_CHUNK_TOKENS
 from ..model.nvfp4_linears import InputScaleReduction
+from .baseline import BASELINE_MODE, BASELINE_NAME, baseline_layer
 from .experts import WORST_EXPERTS, ExpertError, ExpertErrorObserver
 from .gates import DEFAULT_GATES, GateResult, GateThresholds, gate_check, gate_max, gate_min
 from .metrics import RelativeError, TokenComparison
@@ -67,6 +69,7 @@ def evaluate_gates(
     end_to_end: list[EndToEnd],
     mode_errors: dict[str, str],
     modes: Sequence[ActivationMode],
+    baseline: EndToEnd | None = None,
 ) -> list[GateResult]:
     gates = [
         gate_check(
@@ -117,6 +120,29 @@ def evaluate_gates(
                     f"ppl INT4 {r.ppl_int4:.4g}, NVFP4 {r.ppl_nvfp4:.4g}",
                 ),
             ]
+    gates += _baseline_gates(thresholds, layers, e2e, baseline)
+    return gates
+
+
+def _baseline_gates(
+    thresholds: GateThresholds, layers: list[LayerValidation], e2e: dict[str, EndToEnd], baseline: EndToEnd | None
+) -> list[GateResult]:
+    """The checkpoint's W4A16 figures over the amax baseline's (validate/baseline.py)."""
+    mine = e2e.get(BASELINE_MODE.value)
+    if baseline is None or mine is None:
+        return []
+    kl_ratio = mine.kl_mean / baseline.kl_mean if baseline.kl_mean > 0 else (1.0 if mine.kl_mean == 0 else math.inf)
+    gates = [gate_max("baseline.kl_mean_ratio", kl_ratio, thresholds.baseline_kl_ratio_max,
+                      f"KL mean {mine.kl_mean:.4g} vs amax baseline {baseline.kl_mean:.4g} (W4A16)")]
+    ratios = [
+        (l.drift[BASELINE_MODE.value] / l.baseline_drift, l.layer)
+        for l in layers
+        if l.baseline_drift and BASELINE_MODE.value in l.drift
+    ]
+    if ratios:
+        worst, at = max(ratios)
+        gates.append(gate_max("baseline.drift_ratio_max", worst, thresholds.baseline_drift_ratio_max,
+                              f"layer {at}: drift over the amax baseline's (W4A16)"))
     return gates
 
 
@@ -155,6 +181,10 @@ class StreamComparison:
     mode_errors: dict[str, str]
     layer_seconds: list[float] = field(default_factory=list)
     logits_seconds: float = 0.0
+    baseline: EndToEnd | None = None
+
+    def set_baseline(self, e2e: EndToEnd) -> None:
+        self.baseline = e2e
 
 
 def compare_streams(
@@ -172,6 +202,7 @@ def compare_streams(
     dtype: str | torch.dtype = AUTO_DTYPE,
     prefetch: bool | None = None,
     ctx: RankContext | None = None,
+    baseline: bool = False,
 ) -> StreamComparison:
     """Step the INT4 stream and one NVFP4 stream per mode through every layer, then compare logits.
 
@@ -180,7 +211,8 @@ def compare_streams(
     weights do not depend on the activation mode); the weight check reads the layers already loaded.
     `prefetch` (default: on CUDA) reads layer L+1 of both checkpoints while layer L computes.
     `ctx`: under torchrun, `sequences` is this rank's share; every figure is combined over the ranks
-    (validate/ranks.py) and is the same on every rank.
+    (validate/ranks.py) and is the same on every rank. `baseline`: one more W4A16 stream whose experts are
+    the amax (Model Optimizer rule) conversion of the same INT4 experts (validate/baseline.py).
     """
     ctx = ctx or RankContext()
     compute_dtype = resolve_dtype(dtype, device)
@@ -196,6 +228,7 @@ def compare_streams(
     fallback_source = NVFP4Weights(out_reader, activations="w4a16", input_scale_reduction=reduction.value)
     ref_states = ref_runner.embed(sequences)
     states = {mode: nv_runner.embed(sequences) for mode in wanted}
+    base_states = nv_runner.embed(sequences) if baseline else None
     comparer = WeightComparer(src_reader, out_reader, device, flag_rel_mse=flag_rel_mse)
     cfg = out_reader.layout.text
     result = StreamComparison([], [], [], None, {})
@@ -209,6 +242,7 @@ def compare_streams(
             comparer.add_loaded_layer(layer, w_ref, w_nv, ctx)
             if w_nv is not None:
                 observer = ExpertErrorObserver(layer, w_nv, [m for m in states if _usable(w_nv, m)])
+        w_base = baseline_layer(w_ref, w_nv) if base_states is not None and w_nv is not None else None
         attended = ref_runner.attend(layer, ref_states, w_ref, observer)
         del ref_states
         new_ref = ref_runner.feed_forward(attended, w_ref, observer)
@@ -235,7 +269,11 @@ def compare_streams(
             drift[mode] = _drift(new_ref, states[mode])
         for mode, err in merge_relative_errors(ctx, drift).items():
             entry.drift[mode.value] = err.rel_mse
-        del w_nv
+        if w_base is not None:
+            base_states = nv_runner.feed_forward(nv_runner.attend(layer, base_states, w_base), w_base)
+            merged = merge_relative_errors(ctx, {BASELINE_NAME: _drift(new_ref, base_states)})
+            entry.baseline_drift = merged[BASELINE_NAME].rel_mse
+        del w_nv, w_base
         ref_states = new_ref
         result.layers.append(entry)
         synchronize(device)
@@ -245,6 +283,9 @@ def compare_streams(
     t0 = time.perf_counter()
     comparisons = {mode: TokenComparison() for mode in runners}
     streams = {mode: nv_runner.logits(states[mode]) for mode in runners}
+    if base_states is not None:
+        comparisons[BASELINE_NAME] = TokenComparison()
+        streams[BASELINE_NAME] = nv_runner.logits(base_states)
     for seq, ref_logits in zip(sequences, ref_runner.logits(ref_states)):
         for mode, it in streams.items():
             comparisons[mode].add(ref_logits, next(it), seq)
@@ -253,9 +294,9 @@ def compare_streams(
     for mode, c in list(comparisons.items()):
         c = comparisons[mode] = merge_token_comparison(ctx, c)
         edges, counts = c.kl_histogram()
-        result.end_to_end.append(
+        (result.end_to_end.append if mode != BASELINE_NAME else result.set_baseline)(
             EndToEnd(
-                mode=mode.value,
+                mode=mode if mode == BASELINE_NAME else mode.value,
                 positions=c.positions,
                 kl_mean=c.kl_mean,
                 kl_p99=c.kl_p99,
@@ -337,10 +378,11 @@ def validate_checkpoint(
         progress=progress,
         dtype=compute_dtype,
         ctx=ctx,
+        baseline=opts.baseline,
     )
     structure = ctx.broadcast_object(structure)
     gate_results = evaluate_gates(
-        thresholds, structure, run.weights, run.layers, run.end_to_end, run.mode_errors, mode_list
+        thresholds, structure, run.weights, run.layers, run.end_to_end, run.mode_errors, mode_list, run.baseline
     )
     report = ValidationReport(
         checkpoint=str(output),
@@ -365,6 +407,7 @@ def validate_checkpoint(
         layers=run.layers,
         worst_experts=sorted(run.expert_errors, key=lambda x: -x.rel_mse)[: WORST_EXPERTS * len(mode_list)],
         end_to_end=run.end_to_end,
+        baseline=run.baseline,
         mode_errors=run.mode_errors,
         gates=gate_results,
         passed=all(g.passed for g in gate_results),

@@ -48,6 +48,10 @@ class ValidateOptions(StageOptions):
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="Compute dtype of every stream. auto: bfloat16 on CUDA (what SGLang serves: bf16 hidden "
                             "states, matmuls and logits), float32 on CPU.")
+    baseline: Annotated[bool, Cli("--baseline/--no-baseline")] = Field(
+        True, description="Also run the amax (Model Optimizer rule) conversion of the same experts as a W4A16 "
+                          "stream and fail when the checkpoint is worse than it by more than the baseline_* "
+                          "gates allow (one more stream: ~+30% time).")
     max_chunk_tokens: int | None = Field(None, ge=1, description="Tokens per MLP/MoE chunk.")
     states_device: str | None = Field(
         None, description="Keep hidden states here (e.g. cpu) when they do not fit the GPU.")

@@ -48,6 +48,8 @@ class LayerValidation(BaseModel):
     drift: dict[str, float]  # mode -> relative MSE between the INT4 and NVFP4 hidden states after this layer
     expert_rel_mse_max: dict[str, float] = {}
     worst_expert: dict[str, int] = {}
+    # drift of the Model Optimizer-rule (amax) conversion of the same experts, W4A16 (validate/baseline.py)
+    baseline_drift: float | None = None
 
 
 class ValidationSettings(BaseModel):
@@ -80,6 +82,7 @@ class ValidationReport(BaseModel):
     layers: list[LayerValidation]
     worst_experts: list[ExpertError]
     end_to_end: list[EndToEnd]
+    baseline: EndToEnd | None = None  # the amax baseline stream end to end (validate/baseline.py)
     mode_errors: dict[str, str]  # a mode that could not run, and why
     gates: list[GateResult]
     passed: bool
