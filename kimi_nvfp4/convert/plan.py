@@ -20,7 +20,7 @@ import torch
 
 from ..checkpoint.layout import PROJS, CheckpointLayout, parse_expert_name
 from ..checkpoint.modelopt_config import bf16_linear_modules
-from ..checkpoint.reader import CheckpointReader, TensorInfo
+from ..checkpoint.reader import INDEX_NAME, CheckpointReader, TensorInfo
 from ..checkpoint.source_checks import (
     COMPRESSED_SUFFIXES,
     INT4_EXPERT_SUFFIXES,
@@ -214,17 +214,33 @@ def _check_weight_shapes(reader: CheckpointReader, experts: dict[str, ExpertMatr
 
 
 def _check_routers(reader: CheckpointReader, layout: CheckpointLayout) -> None:
+    """Router shapes and bias dtype; and the bias values (384 floats a layer): a NaN/Inf bias decides every
+    token's experts, so it is refused here, before anything is written."""
     c = layout.text
-    for layer in c.moe_layers:
-        p = layout.layer_prefix(layer)
-        for name, dtype, shape in (
-            (f"{p}mlp.gate.weight", None, (c.n_routed_experts, c.hidden_size)),
-            (f"{p}mlp.gate.e_score_correction_bias", torch.float32, (c.n_routed_experts,)),
-        ):
-            info = reader.tensors.get(name)
-            if info is None:
-                raise CheckpointError("router tensor is missing from the checkpoint index", file="model.safetensors.index.json", tensor=name)
-            _check_tensor(info, dtype or info.dtype, shape, "router")
+    with ShardFiles(reader.root) as files:
+        for layer in c.moe_layers:
+            p = layout.layer_prefix(layer)
+            for name, dtype, shape in (
+                (f"{p}mlp.gate.weight", None, (c.n_routed_experts, c.hidden_size)),
+                (f"{p}mlp.gate.e_score_correction_bias", torch.float32, (c.n_routed_experts,)),
+            ):
+                info = reader.tensors.get(name)
+                if info is None:
+                    raise CheckpointError("router tensor is missing from the checkpoint index", file="model.safetensors.index.json", tensor=name)
+                _check_tensor(info, dtype or info.dtype, shape, "router")
+                if dtype is not None:
+                    bad = int((~torch.isfinite(files.read(info.file, info.name))).sum())
+                    if bad:
+                        raise CheckpointError(f"{bad} NaN/Inf values in the router bias; expected finite float32",
+                                              file=info.file, tensor=name)
+
+
+def _check_every_tensor_indexed(reader: CheckpointReader) -> None:
+    """A tensor a shard holds but the index does not name would silently be missing from the output."""
+    for file, names in sorted(reader.unindexed_tensors.items()):
+        more = f" (and {len(names) - 1} more)" if len(names) > 1 else ""
+        raise CheckpointError(f"the shard holds this tensor but the index does not name it{more}; expected every "
+                              f"tensor of the shard in {INDEX_NAME}", file=file, tensor=names[0])
 
 
 def _scale_groups(layout: CheckpointLayout, experts: dict[str, ExpertMatrix]) -> list[ScaleGroup]:
@@ -242,6 +258,7 @@ def plan_conversion(source_root: str | Path) -> ConversionPlan:
     layout = reader.layout
     check_quantization_config(reader.config)
     _check_dims(layout)
+    _check_every_tensor_indexed(reader)
     experts = _collect_experts(reader, layout)
     _check_weight_shapes(reader, experts)
     _check_routers(reader, layout)

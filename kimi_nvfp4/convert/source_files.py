@@ -5,6 +5,8 @@ card. Left out, and listed in the conversion summary:
 - the files convert writes itself (config.json, hf_quant_config.json, the index);
 - kimi-nvfp4's own artifacts (`checkpoint/artifacts.py`): a manifest, an input-scales shard or a validate report in
   a source would otherwise reach our output and be taken for records of stages that never ran on it.
+Refused: a `*.safetensors` file the index does not name — its tensors would silently be missing from the output
+(engines load what the index names).
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from pathlib import Path
 from ..checkpoint.artifacts import is_own_artifact
 from ..checkpoint.modelopt_config import HF_QUANT_CONFIG_NAME
 from ..checkpoint.reader import CONFIG_NAME, INDEX_NAME
+from ..errors import CheckpointError
 
 # Written by convert itself from the source's config and the plan.
 WRITTEN_BY_CONVERT = frozenset({CONFIG_NAME, HF_QUANT_CONFIG_NAME, INDEX_NAME})
+SAFETENSORS_SUFFIX = ".safetensors"
 
 
 @dataclass(frozen=True)
@@ -50,5 +54,9 @@ def select_source_files(root: Path, shard_files: set[str]) -> SourceFiles:
             if is_own_artifact(rel):
                 skipped.append(SkippedFile(text, "a kimi-nvfp4 artifact name: only our own stages write it"))
                 continue
+            if rel.suffix == SAFETENSORS_SUFFIX:
+                raise CheckpointError(f"safetensors file that {INDEX_NAME} does not name; its tensors would be "
+                                      "missing from the output. Add them to the index or remove the file",
+                                      file=root / rel)
             copy.append(rel)
     return SourceFiles(sorted(copy), skipped)

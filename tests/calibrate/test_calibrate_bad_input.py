@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from kimi_nvfp4.calibrate import calibrate_checkpoint
+from kimi_nvfp4.checkpoint.output_lock import LOCK_NAME
 from kimi_nvfp4.checkpoint.reader import CheckpointReader
 from kimi_nvfp4.checkpoint.writer import ShardWriter, write_index
 from kimi_nvfp4.data.errors import DataError
@@ -16,7 +17,8 @@ from kimi_nvfp4.synth import create_synthetic_checkpoint
 
 
 def _snapshot(folder):
-    return {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")}
+    # The folder's lock file records each holder (pid, start time): bookkeeping, not checkpoint content.
+    return {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*") if p.name != LOCK_NAME}
 
 
 def _run(out, src, data, **kw):
