@@ -16,7 +16,7 @@ from ..checkpoint.writer import write_bytes_atomic
 from ..errors import KimiNvfp4Error, OutputError
 from .card import GENERATED_MARKER, build_model_card
 from .checks import Readiness, check_publishable
-from .files import CARD_NAME, SOURCE_CARD_NAME, PublishFile, format_size, list_publish_files
+from .files import CARD_NAME, SOURCE_CARD_NAME, PublishFile, format_size, list_publish_files, scan_publish_files
 from .reports import ReportSet
 from .upload import UploadResult, resolved_endpoint, upload_to_hub
 
@@ -129,6 +129,7 @@ def _publish_locked(
     files = _planned_files(root, card)
     result = PublishResult(repo_id, dry_run, files, sum(f.bytes for f in files), card, readiness,
                            resolved_endpoint(endpoint))
+    result.notes += [f"not uploaded: {left}" for left in scan_publish_files(root)[1]]
     if reports.serve_check_chart is not None and not reports.serve_check_chart.resolve().is_relative_to(root.resolve()):
         result.notes.append(f"serve-check chart {reports.serve_check_chart} is outside {root}; not uploaded")
     if dry_run:
