@@ -16,6 +16,7 @@ from ..checkpoint.writer import write_bytes_atomic
 from ..errors import KimiNvfp4Error, OutputError
 from .card import GENERATED_MARKER, build_model_card
 from .checks import Readiness, check_publishable
+from .public_copy import public_sizes, stage_upload
 from .files import CARD_NAME, SOURCE_CARD_NAME, PublishFile, format_size, list_publish_files, scan_publish_files
 from .reports import ReportSet
 from .upload import UploadResult, resolved_endpoint, upload_to_hub
@@ -126,7 +127,8 @@ def _publish_locked(
     readiness = check_publishable(root, force_unvalidated=force_unvalidated, workers=workers, progress=progress)
     reports = ReportSet.find(root, report_dir)
     card = build_model_card(root, repo_id, readiness, reports=reports, base_model=base_model)
-    files = _planned_files(root, card)
+    manifest = load_manifest(root)
+    files = public_sizes(root, _planned_files(root, card), manifest)
     result = PublishResult(repo_id, dry_run, files, sum(f.bytes for f in files), card, readiness,
                            resolved_endpoint(endpoint))
     result.notes += [f"not uploaded: {left}" for left in scan_publish_files(root)[1]]
@@ -135,9 +137,11 @@ def _publish_locked(
     if dry_run:
         return result
     _install_card(root, card)
-    result.files = _planned_files(root, card)
-    result.upload = upload_to_hub(root, repo_id, result.files, private=private, revision=revision, endpoint=endpoint,
-                                  progress=progress)
+    result.files = public_sizes(root, _planned_files(root, card), manifest)
+    # Upload public copies of our artifacts (no local paths, no boot id) and the verified files themselves.
+    staging = stage_upload(root, result.files, manifest)
+    result.upload = upload_to_hub(staging, repo_id, result.files, private=private, revision=revision,
+                                  endpoint=endpoint, progress=progress)
     manifest = load_manifest(root)
     manifest.stages[PUBLISH_STAGE] = StageRecord(
         settings={"repo_id": repo_id, "revision": revision, "private": private,
