@@ -279,3 +279,31 @@ def test_a_hub_snapshot_of_links_into_blobs_converts(source, tmp_path, monkeypat
     assert summary.skipped_files == [] and summary.shards_converted == 5
     assert (out / "tokenizer_config.json").read_bytes() == (source / "tokenizer_config.json").read_bytes()
     assert not (out / "tokenizer_config.json").is_symlink()
+
+
+# --- determinism ------------------------------------------------------------------------------------------------
+
+
+def test_manifest_bytes_do_not_depend_on_which_job_finishes_first(source, tmp_path, monkeypatch):
+    import time
+
+    from kimi_nvfp4.checkpoint.manifest import MANIFEST_NAME
+    from kimi_nvfp4.convert import api
+
+    real_job = api.run_shard_job
+    files = sorted(p.name for p in source.glob("model-*.safetensors"))
+
+    def run(out, slowest_first: bool):
+        order = files if slowest_first else files[::-1]
+
+        def delayed(job, *args, **kwargs):
+            time.sleep(0.3 * (len(order) - order.index(job.file)))  # finish in the opposite of `order`
+            return real_job(job, *args, **kwargs)
+
+        monkeypatch.setattr(api, "run_shard_job", delayed)
+        convert_checkpoint(source, out, method="amax", device="cpu", workers=5, progress=False)
+        return (out / MANIFEST_NAME).read_bytes()
+
+    a, b = run(tmp_path / "a", True), run(tmp_path / "b", False)
+    assert list(json.loads(a)["shards"]) == files
+    assert a == b
