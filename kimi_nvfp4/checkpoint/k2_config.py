@@ -9,7 +9,27 @@ from __future__ import annotations
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
-from ..errors import UnsupportedCheckpointError
+from ..errors import CheckpointError, UnsupportedCheckpointError
+
+
+def _has_type(value: Any, annotation: str) -> bool:
+    """Whether a config.json value fits a field annotation (the strings `from __future__ import annotations`
+    leaves: `int`, `float`, `bool`, `str`, `dict[...]`, each optionally `| None`). JSON has no int/bool split in
+    Python's sense, so `true` is not an int and a float field takes an integer."""
+    for option in (part.strip() for part in annotation.split("|")):
+        if option == "None" and value is None:
+            return True
+        if option == "int" and isinstance(value, int) and not isinstance(value, bool):
+            return True
+        if option == "float" and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return True
+        if option == "bool" and isinstance(value, bool):
+            return True
+        if option == "str" and isinstance(value, str):
+            return True
+        if option.startswith("dict") and isinstance(value, dict):
+            return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -65,7 +85,16 @@ class K2Config:
         required = [
             f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING
         ]
+        if not isinstance(text_config, dict):
+            raise CheckpointError(f"the text config is a JSON {type(text_config).__name__}, expected an object",
+                                  file="config.json")
         kwargs = {k: v for k, v in text_config.items() if k in known}
+        for f in fields(cls):
+            if f.name in kwargs and not _has_type(kwargs[f.name], str(f.type)):
+                raise CheckpointError(
+                    f"{f.name} is {kwargs[f.name]!r} ({type(kwargs[f.name]).__name__}); expected {f.type}",
+                    file="config.json",
+                )
         missing = [k for k in required if k not in kwargs]
         if missing:
             raise UnsupportedCheckpointError(

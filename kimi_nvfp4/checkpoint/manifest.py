@@ -106,8 +106,14 @@ def load_manifest(directory: str | Path) -> ConversionManifest:
 
 
 def save_manifest(directory: str | Path, manifest: ConversionManifest, *, durable: bool = True) -> Path:
-    """Write atomically (temporary name, fsync unless not `durable`, rename)."""
+    """Write atomically (temporary name, fsync unless not `durable`, rename).
+
+    Shards and tensor statistics are written in name order: with `--workers N` jobs finish in any order, and the
+    manifest's bytes must not depend on which finished first."""
     path = Path(directory) / MANIFEST_NAME
-    text = json.dumps(manifest.model_dump(mode="json"), indent=2, sort_keys=False) + "\n"
+    data = manifest.model_dump(mode="json")
+    for key in ("shards", "tensor_stats"):
+        data[key] = dict(sorted(data[key].items()))
+    text = json.dumps(data, indent=2, sort_keys=False) + "\n"
     write_bytes_atomic(path, text.encode(), durable=durable)
     return path

@@ -8,11 +8,12 @@ seconds. Tensor data is read on demand, one tensor at a time, through safetensor
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, Iterable
 
 import torch
@@ -55,8 +56,44 @@ class TensorInfo:
     nbytes: int
 
 
+def _header_error(path: Path, message: str, tensor: str | None = None) -> CheckpointError:
+    return CheckpointError(f"safetensors header: {message}", file=path, tensor=tensor)
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _tensor_entry(path: Path, name: str, meta: Any, data_start: int, size: int) -> tuple[TensorInfo, int, int]:
+    """One header entry checked against the safetensors format: (info, begin, end) of its data."""
+    if not isinstance(meta, dict):
+        raise _header_error(path, f"entry is {type(meta).__name__}, expected an object with dtype, shape, "
+                                  "data_offsets", name)
+    dtype = SAFETENSORS_DTYPES.get(meta.get("dtype")) if isinstance(meta.get("dtype"), str) else None
+    if dtype is None:
+        raise CheckpointError(f"unsupported dtype {meta.get('dtype')!r}", file=path, tensor=name)
+    shape, offsets = meta.get("shape"), meta.get("data_offsets")
+    if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
+        raise _header_error(path, f"shape {shape!r} is not a list of non-negative integers", name)
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_count(o) for o in offsets):
+        raise _header_error(path, f"data_offsets {offsets!r} is not [begin, end] (missing or malformed)", name)
+    begin, end = offsets
+    nbytes = math.prod(shape) * dtype.itemsize
+    if end - begin != nbytes:
+        raise _header_error(path, f"data_offsets [{begin}, {end}] hold {end - begin} bytes but {meta['dtype']} "
+                                  f"{shape} needs {nbytes}", name)
+    if data_start + end > size:
+        raise CheckpointError(
+            f"data ends at byte {data_start + end} but the file has {size} bytes (truncated shard)", file=path,
+            tensor=name,
+        )
+    return TensorInfo(name, path.name, dtype, tuple(shape), nbytes), begin, end
+
+
 def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:
-    """Parse one shard's header and check that every tensor's bytes lie inside the file."""
+    """Parse one shard's header and check it as safetensors itself does before any data is read: every entry
+    well-formed, its byte span the size its dtype and shape need, inside the file, and no two spans overlapping
+    (an overlap would hand one tensor another's bytes)."""
     try:
         size = path.stat().st_size
         with path.open("rb") as f:
@@ -71,23 +108,49 @@ def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:
         raise CheckpointError("shard file is missing", file=path) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"header is not valid JSON ({e})", file=path) from None
+    if not isinstance(header, dict):
+        raise _header_error(path, f"is a JSON {type(header).__name__}, expected an object of tensors")
     data_start = _HEADER_LEN.size + n
     out: dict[str, TensorInfo] = {}
+    spans: list[tuple[int, int, str]] = []
     for name, meta in header.items():
         if name == "__metadata__":
             continue
-        dtype = SAFETENSORS_DTYPES.get(meta.get("dtype"))
-        if dtype is None:
-            raise CheckpointError(f"unsupported dtype {meta.get('dtype')!r}", file=path, tensor=name)
-        begin, end = meta["data_offsets"]
-        if data_start + end > size:
-            raise CheckpointError(
-                f"data ends at byte {data_start + end} but the file has {size} bytes (truncated shard)",
-                file=path,
-                tensor=name,
-            )
-        out[name] = TensorInfo(name, path.name, dtype, tuple(meta["shape"]), end - begin)
+        info, begin, end = _tensor_entry(path, name, meta, data_start, size)
+        out[name] = info
+        if end > begin:
+            spans.append((begin, end, name))
+    spans.sort()
+    for (_, prev_end, prev), (begin, _, name) in zip(spans, spans[1:]):
+        if begin < prev_end:
+            raise _header_error(path, f"data_offsets overlap those of {prev} (bytes from {begin} to {prev_end} "
+                                      "would belong to both)", name)
     return out
+
+
+def _read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON file that must hold an object (config.json, the index)."""
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+        raise CheckpointError(f"not valid JSON ({e})", file=path) from None
+    except OSError as e:
+        raise CheckpointError(f"cannot read it ({e.strerror or e})", file=path) from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"is a JSON {type(data).__name__}, expected an object", file=path)
+    return data
+
+
+def _check_shard_name(index: Path, tensor: Any, file: Any) -> None:
+    """Index values are shard file names in the checkpoint folder itself: no subfolders, no `..`, not absolute,
+    not hidden (the reader, convert's output and every engine treat shards as files at the top of the folder)."""
+    if not isinstance(tensor, str) or not isinstance(file, str):
+        raise CheckpointError(f"index is malformed (weight_map entry {tensor!r}: {file!r}; expected a tensor name "
+                              "and a shard file name, both strings)", file=index,
+                              tensor=tensor if isinstance(tensor, str) else None)
+    if not file or "/" in file or "\\" in file or file.startswith(".") or PurePath(file).is_absolute():
+        raise CheckpointError(f"index names shard {file!r}; expected a plain file name in the checkpoint folder "
+                              "(no subfolder, no '..', not absolute, not hidden)", file=index, tensor=tensor)
 
 
 class CheckpointReader:
@@ -100,22 +163,22 @@ class CheckpointReader:
         config_path = self.root / CONFIG_NAME
         if not config_path.is_file():
             raise CheckpointError("config.json is missing", file=config_path)
-        try:
-            self.config: dict[str, Any] = json.loads(config_path.read_text())
-        except json.JSONDecodeError as e:
-            raise CheckpointError(f"not valid JSON ({e})", file=config_path) from None
+        self.config: dict[str, Any] = _read_json_object(config_path)
         self.weight_map: dict[str, str] = self._read_weight_map()
         self._handles: dict[str, Any] = {}
+        self._unindexed: dict[str, list[str]] = {}
 
     # --- structure ----------------------------------------------------------------------
     def _read_weight_map(self) -> dict[str, str]:
         index = self.root / INDEX_NAME
         if index.is_file():
-            try:
-                data = json.loads(index.read_text())
-                return dict(data["weight_map"])
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
-                raise CheckpointError(f"index is malformed ({e})", file=index) from None
+            weight_map = _read_json_object(index).get("weight_map")
+            if not isinstance(weight_map, dict):
+                raise CheckpointError(f"index is malformed (weight_map is {type(weight_map).__name__}, expected an "
+                                      "object of tensor name -> shard file)", file=index)
+            for name, file in weight_map.items():
+                _check_shard_name(index, name, file)
+            return dict(weight_map)
         single = self.root / SINGLE_SHARD_NAME
         if single.is_file():
             return {name: SINGLE_SHARD_NAME for name in read_safetensors_header(single)}
@@ -142,7 +205,17 @@ class CheckpointReader:
                 if name not in header:
                     raise CheckpointError("the index names this tensor but the shard lacks it", file=file, tensor=name)
                 infos[name] = header[name]
+            unindexed = sorted(set(header) - set(names))
+            if unindexed:
+                self._unindexed[file] = unindexed
         return infos
+
+    @property
+    def unindexed_tensors(self) -> dict[str, list[str]]:
+        """Shard file -> tensors its header holds that the index does not name (engines load by the index, so a
+        conversion would drop them; validate's own corruptions make such checkpoints on purpose)."""
+        self.tensors  # noqa: B018 - reads the headers
+        return dict(self._unindexed)
 
     def shard_tensors(self, file: str) -> list[str]:
         return sorted(n for n, f in self.weight_map.items() if f == file)

@@ -47,6 +47,7 @@ from .options import DEVICES, ConvertOptions
 from .output import OutputState, prepare_output
 from .plan import ConversionPlan, ShardJob, plan_conversion
 from .source import resolve_source, source_record
+from .source_files import checked_source_path
 
 _GB = 1e9
 
@@ -137,7 +138,8 @@ def _finish(
         tmp = partial_path(dst)
         try:
             dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(plan.root / rel, tmp)  # bytes only: checkpoint code is never imported
+            # Bytes only (checkpoint code is never imported), of a regular file inside the source's tree.
+            shutil.copyfile(checked_source_path(plan.root, plan.trusted_root or plan.root, rel), tmp)
             os.replace(tmp, dst)
         except OSError as e:
             raise write_failure(e, dst, tmp, remove_quietly(tmp)) from None
@@ -174,7 +176,7 @@ def convert_checkpoint(
     output = Path(output).expanduser()
     refuse_nested(resolved.path, output)  # before anything is written or deleted (--overwrite empties the output)
     output = output.resolve()
-    plan = plan_conversion(resolved.path)
+    plan = plan_conversion(resolved.path, resolved.trusted_root)
     fresh = ConversionManifest(
         source=source_record(resolved, plan),
         settings=ConversionSettings(method=method.value, kv_cache_quant_algo=kv_cache_quant_algo),

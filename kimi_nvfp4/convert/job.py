@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from ..checkpoint.reader import TensorInfo
 from ..checkpoint.tensor_io import ShardFiles
 from ..checkpoint.writer import (
     COPY_CHUNK_BYTES,
@@ -94,6 +95,30 @@ def _raise_on_bad_scales(checks: list[list[int]], matrices: list[ExpertMatrix]) 
                 f"{non_positive} zero or negative group scales; expected positive finite bf16 scales",
                 file=m.scale.file, tensor=m.scale.name,
             )
+
+
+# Floating-point pass-through tensors (BF16 attention, shared experts, norms, embeddings; the float32 router bias)
+# must hold finite values: a NaN/Inf there poisons every token. Checked chunk by chunk as the bytes are copied (the
+# plan reads headers only; it does check the router biases' values, which are small).
+FINITE_PASSTHROUGH_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+
+
+def _finite_only(
+    fill: Callable[[int, memoryview], None], info: TensorInfo
+) -> Callable[[int, memoryview], None]:
+    """`fill` that refuses NaN/Inf in the bytes it delivers (chunks start at multiples of the element size)."""
+
+    def checked(offset: int, view: memoryview) -> None:
+        fill(offset, view)
+        values = torch.frombuffer(view, dtype=info.dtype)
+        if not bool(torch.isfinite(values).all()):
+            bad = int((~torch.isfinite(values)).sum())
+            raise CheckpointError(
+                f"{bad} NaN/Inf values (in bytes {offset}..{offset + len(view)} of the tensor); expected finite "
+                f"{info.dtype} values", file=info.file, tensor=info.name,
+            )
+
+    return checked
 
 
 class _Phases:
@@ -295,8 +320,11 @@ def _run(
         for info in job.passthrough:
             # Copied file to file through the writer's reusable buffers: bytes only, never a whole tensor.
             shard = files.shard(info.file)
+            fill = functools.partial(shard.read_range, info.name)
+            if info.dtype in FINITE_PASSTHROUGH_DTYPES:
+                fill = _finite_only(fill, info)
             with phases("passthrough"):
-                writer.write_from(info.name, info.dtype, tuple(info.shape), functools.partial(shard.read_range, info.name))
+                writer.write_from(info.name, info.dtype, tuple(info.shape), fill)
             peak.observe(writer.pending_bytes + min(info.nbytes, COPY_CHUNK_BYTES))
             if on_progress:
                 on_progress(info.nbytes)

@@ -14,6 +14,7 @@ independent (parallel, resumable) and the output keeps the source's shard names.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +22,7 @@ import torch
 
 from ..checkpoint.layout import PROJS, CheckpointLayout, parse_expert_name
 from ..checkpoint.modelopt_config import bf16_linear_modules
-from ..checkpoint.reader import CheckpointReader, TensorInfo
+from ..checkpoint.reader import CONFIG_NAME, INDEX_NAME, CheckpointReader, TensorInfo
 from ..checkpoint.source_checks import (
     COMPRESSED_SUFFIXES,
     INT4_EXPERT_SUFFIXES,
@@ -33,7 +34,7 @@ from ..checkpoint.tensor_io import ShardFiles
 from ..checkpoint.writer import TensorSpec
 from ..errors import CheckpointError, UnsupportedCheckpointError
 from ..numerics.constants import INT4_GROUP_SIZE, NVFP4_BLOCK_SIZE
-from .source_files import SkippedFile, select_source_files
+from .source_files import SkippedFile, require_regular, select_source_files
 
 # Output tensors of one NVFP4 linear (ModelOpt HF export names).
 NVFP4_SUFFIXES = ("weight", "weight_scale", "weight_scale_2")
@@ -125,6 +126,7 @@ class ConversionPlan:
     quantized_modules: list[str]
     other_files: list[Path]  # copied byte for byte (source_files.py)
     skipped_files: list[SkippedFile] = field(default_factory=list)  # left out of the output, with the reason
+    trusted_root: Path | None = None  # the tree the source's files may link into (source_files.py)
 
     @property
     def matrices(self) -> int:
@@ -215,17 +217,33 @@ def _check_weight_shapes(reader: CheckpointReader, experts: dict[str, ExpertMatr
 
 
 def _check_routers(reader: CheckpointReader, layout: CheckpointLayout) -> None:
+    """Router shapes and bias dtype; and the bias values (384 floats a layer): a NaN/Inf bias decides every
+    token's experts, so it is refused here, before anything is written."""
     c = layout.text
-    for layer in c.moe_layers:
-        p = layout.layer_prefix(layer)
-        for name, dtype, shape in (
-            (f"{p}mlp.gate.weight", None, (c.n_routed_experts, c.hidden_size)),
-            (f"{p}mlp.gate.e_score_correction_bias", torch.float32, (c.n_routed_experts,)),
-        ):
-            info = reader.tensors.get(name)
-            if info is None:
-                raise CheckpointError("router tensor is missing from the checkpoint index", file="model.safetensors.index.json", tensor=name)
-            _check_tensor(info, dtype or info.dtype, shape, "router")
+    with ShardFiles(reader.root) as files:
+        for layer in c.moe_layers:
+            p = layout.layer_prefix(layer)
+            for name, dtype, shape in (
+                (f"{p}mlp.gate.weight", None, (c.n_routed_experts, c.hidden_size)),
+                (f"{p}mlp.gate.e_score_correction_bias", torch.float32, (c.n_routed_experts,)),
+            ):
+                info = reader.tensors.get(name)
+                if info is None:
+                    raise CheckpointError("router tensor is missing from the checkpoint index", file="model.safetensors.index.json", tensor=name)
+                _check_tensor(info, dtype or info.dtype, shape, "router")
+                if dtype is not None:
+                    bad = int((~torch.isfinite(files.read(info.file, info.name))).sum())
+                    if bad:
+                        raise CheckpointError(f"{bad} NaN/Inf values in the router bias; expected finite float32",
+                                              file=info.file, tensor=name)
+
+
+def _check_every_tensor_indexed(reader: CheckpointReader) -> None:
+    """A tensor a shard holds but the index does not name would silently be missing from the output."""
+    for file, names in sorted(reader.unindexed_tensors.items()):
+        more = f" (and {len(names) - 1} more)" if len(names) > 1 else ""
+        raise CheckpointError(f"the shard holds this tensor but the index does not name it{more}; expected every "
+                              f"tensor of the shard in {INDEX_NAME}", file=file, tensor=names[0])
 
 
 def _scale_groups(layout: CheckpointLayout, experts: dict[str, ExpertMatrix]) -> list[ScaleGroup]:
@@ -237,12 +255,24 @@ def _scale_groups(layout: CheckpointLayout, experts: dict[str, ExpertMatrix]) ->
     return groups
 
 
-def plan_conversion(source_root: str | Path) -> ConversionPlan:
-    """Check the source and decide every output tensor. Reads headers and weight_shape values only."""
+def plan_conversion(source_root: str | Path, trusted_root: str | Path | None = None) -> ConversionPlan:
+    """Check the source and decide every output tensor. Reads headers, weight_shape values and router biases only.
+
+    `trusted_root`: the tree the source's files may link into (default the folder itself; for a Hub download the
+    repo's cache folder, see convert/source.py). Anything else a file links to is refused or left out.
+    """
+    root = Path(source_root)
+    trusted = Path(trusted_root) if trusted_root is not None else root
+    for name in (CONFIG_NAME, INDEX_NAME):
+        if os.path.lexists(root / name):
+            require_regular(root, trusted, name, name)
     reader = CheckpointReader(source_root)
+    for file in reader.shard_files:
+        require_regular(root, trusted, file, "shard")
     layout = reader.layout
     check_quantization_config(reader.config)
     _check_dims(layout)
+    _check_every_tensor_indexed(reader)
     experts = _collect_experts(reader, layout)
     _check_weight_shapes(reader, experts)
     _check_routers(reader, layout)
@@ -274,7 +304,7 @@ def plan_conversion(source_root: str | Path) -> ConversionPlan:
                     weight_map[name] = job.file
                 total += m.output_bytes
     bf16 = bf16_linear_modules(reader)
-    files = select_source_files(reader.root, set(reader.shard_files))
+    files = select_source_files(reader.root, set(reader.shard_files), trusted)
     return ConversionPlan(
         root=reader.root,
         config=reader.config,
@@ -286,4 +316,5 @@ def plan_conversion(source_root: str | Path) -> ConversionPlan:
         quantized_modules=sorted(experts),
         other_files=files.copy,
         skipped_files=files.skipped,
+        trusted_root=trusted,
     )

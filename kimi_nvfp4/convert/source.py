@@ -25,6 +25,8 @@ from .plan import ConversionPlan
 # `org/name` as the Hub spells repo ids (https://huggingface.co/docs/hub/repositories).
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # Weights and the files a serving engine reads; nothing else is downloaded.
+# huggingface_hub's cache layout: models--ORG--NAME/{snapshots/REV/FILE -> ../../blobs/HASH, blobs/HASH}.
+_HUB_SNAPSHOTS = "snapshots"
 HUB_ALLOW_PATTERNS = ["*.safetensors", "*.json", "*.jinja", "*.model", "*.py", "*.txt", "*.md", "*.tiktoken"]
 
 
@@ -33,13 +35,16 @@ class ResolvedSource:
     path: Path
     repo_id: str | None = None
     revision: str | None = None
+    # The tree the source's files may link into (convert/source_files.py): the folder itself, or for a Hub download
+    # the repo's cache folder (huggingface_hub's `snapshots/REV/NAME` are links to `../../blobs/HASH`).
+    trusted_root: Path | None = None
 
 
 def resolve_source(source: str | Path, revision: str | None = None) -> ResolvedSource:
     """A local folder is used as is; an `org/name` that is not a folder is downloaded from the Hub."""
     path = Path(source).expanduser()
     if path.is_dir():
-        return ResolvedSource(path.resolve())
+        return ResolvedSource(path.resolve(), trusted_root=path.resolve())
     text = str(source)
     if not _REPO_ID.match(text):
         raise CheckpointError("source is neither a checkpoint folder nor a Hub repo id (org/name)", file=text)
@@ -51,7 +56,9 @@ def resolve_source(source: str | Path, revision: str | None = None) -> ResolvedS
         local = snapshot_download(text, revision=revision, allow_patterns=HUB_ALLOW_PATTERNS)
     except Exception as e:  # noqa: BLE001 - the hub client raises many types (network, auth, not found)
         raise CheckpointError(f"cannot download from the Hub ({type(e).__name__}: {e})", file=text) from None
-    return ResolvedSource(Path(local), repo_id=text, revision=revision)
+    local_path = Path(local)
+    cache_repo = local_path.parent.parent if local_path.parent.name == _HUB_SNAPSHOTS else local_path
+    return ResolvedSource(local_path, repo_id=text, revision=revision, trusted_root=cache_repo)
 
 
 def source_fingerprint(plan: ConversionPlan) -> str:

@@ -17,8 +17,9 @@ from ..checkpoint.writer import write_bytes_atomic
 from ..errors import KimiNvfp4Error, OutputError
 from .card import GENERATED_MARKER, build_model_card
 from .checks import Readiness, check_publishable
-from .files import CARD_NAME, SOURCE_CARD_NAME, PublishFile, format_size, list_publish_files
+from .files import CARD_NAME, SOURCE_CARD_NAME, PublishFile, format_size, list_publish_files, scan_publish_files
 from .options import PublishOptions
+from .public_copy import public_sizes, stage_upload
 from .reports import ReportSet
 from .upload import UploadResult, resolved_endpoint, upload_to_hub
 
@@ -128,17 +129,21 @@ def _publish_locked(
                                   progress=progress)
     reports = ReportSet.find(root, report_dir)
     card = build_model_card(root, repo_id, readiness, reports=reports, base_model=opts.base_model)
-    files = _planned_files(root, card)
+    manifest = load_manifest(root)
+    files = public_sizes(root, _planned_files(root, card), manifest)
     result = PublishResult(repo_id, dry_run, files, sum(f.bytes for f in files), card, readiness,
                            resolved_endpoint(endpoint))
+    result.notes += [f"not uploaded: {left}" for left in scan_publish_files(root)[1]]
     if reports.serve_check_chart is not None and not reports.serve_check_chart.resolve().is_relative_to(root.resolve()):
         result.notes.append(f"serve-check chart {reports.serve_check_chart} is outside {root}; not uploaded")
     if dry_run:
         return result
     _install_card(root, card)
-    result.files = _planned_files(root, card)
-    result.upload = upload_to_hub(root, repo_id, result.files, private=private, revision=revision, endpoint=endpoint,
-                                  progress=progress)
+    result.files = public_sizes(root, _planned_files(root, card), manifest)
+    # Upload public copies of our artifacts (no local paths, no boot id) and the verified files themselves.
+    staging = stage_upload(root, result.files, manifest)
+    result.upload = upload_to_hub(staging, repo_id, result.files, private=private, revision=revision,
+                                  endpoint=endpoint, progress=progress)
     manifest = load_manifest(root)
     manifest.stages[PUBLISH_STAGE] = StageRecord(
         settings={"repo_id": repo_id, "revision": revision, "private": private,

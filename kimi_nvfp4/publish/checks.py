@@ -81,6 +81,9 @@ def check_shards(folder: Path, manifest: Any, *, workers: int = 4, progress: boo
                                   file=folder / item.path)
     for file, record in sorted(shards.items()):
         path = folder / file
+        if path.is_symlink():
+            raise CheckpointError("shard recorded in the manifest is a symbolic link; only regular files are "
+                                  "published (links are never followed)", file=path)
         if not path.is_file():
             raise CheckpointError("shard recorded in the manifest is missing", file=path)
         size = path.stat().st_size

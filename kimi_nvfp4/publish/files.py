@@ -1,11 +1,14 @@
 """Which files of a converted folder get published, and how big they are.
 
 The same list feeds `--dry-run`, the readiness checks and the upload (passed to huggingface_hub as exact
-`allow_patterns`), so what the dry run shows is exactly what is uploaded.
+`allow_patterns`), so what the dry run shows is exactly what is uploaded. Only regular files are listed: symbolic
+links (and devices, sockets, FIFOs) are left out and named in the notes, and a linked folder is never entered.
 """
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -43,22 +46,63 @@ def is_published(relative: Path) -> bool:
     return not relative.name.endswith(PARTIAL_SUFFIX)
 
 
+def _walk(root: Path):
+    """(relative path, lstat result) of every entry under `root`, never following a symbolic link (a linked folder
+    is reported, not entered)."""
+    for dirpath, dirs, names in os.walk(root, followlinks=False):
+        for name in sorted(dirs) + sorted(names):
+            path = Path(dirpath, name)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue  # removed meanwhile
+            if name in dirs and not stat.S_ISLNK(st.st_mode):
+                continue  # a real folder: walked into
+            yield path.relative_to(root), st
+        dirs.sort()
+
+
 def partial_files(folder: Path) -> list[str]:
     """Half-written outputs left in the folder (a stage still running, or one that crashed)."""
-    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob(f"*{PARTIAL_SUFFIX}") if p.is_file())
+    return sorted(rel.as_posix() for rel, st in _walk(folder)
+                  if stat.S_ISREG(st.st_mode) and rel.name.endswith(PARTIAL_SUFFIX))
+
+
+@dataclass(frozen=True)
+class LeftOut:
+    """A visible entry of the folder that is not uploaded because it is not a regular file."""
+
+    path: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path} ({self.reason})"
+
+
+def scan_publish_files(folder: str | Path) -> tuple[list[PublishFile], list[LeftOut]]:
+    """The files `publish` uploads from `folder` (regular files only, sorted by path), and the visible entries it
+    leaves out because they are links or not regular files: a link is never followed, so a `notes.txt` pointing at
+    a local secret, or a file pointing at /dev/zero, never reaches the Hub."""
+    root = Path(folder)
+    files, left_out = [], []
+    for relative, st in _walk(root):
+        if not is_published(relative):
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            target = os.readlink(root / relative)
+            left_out.append(LeftOut(relative.as_posix(), f"a symbolic link (to {target}); links are not uploaded"))
+        elif not stat.S_ISREG(st.st_mode):
+            left_out.append(LeftOut(relative.as_posix(), "not a regular file"))
+        else:
+            files.append(PublishFile(relative.as_posix(), st.st_size))
+    files.sort(key=lambda f: tuple(f.path.split("/")))
+    left_out.sort(key=lambda f: tuple(f.path.split("/")))
+    return files, left_out
 
 
 def list_publish_files(folder: str | Path) -> list[PublishFile]:
     """Every file that `publish` uploads from `folder`, sorted by path."""
-    root = Path(folder)
-    files = []
-    for path in sorted(root.rglob("*")):
-        if not path.is_file():
-            continue
-        relative = path.relative_to(root)
-        if is_published(relative):
-            files.append(PublishFile(relative.as_posix(), path.stat().st_size))
-    return files
+    return scan_publish_files(folder)[0]
 
 
 def format_size(n: int) -> str:

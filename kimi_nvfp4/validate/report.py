@@ -5,6 +5,7 @@ It says which gate failed and by how much; everything the gates look at is in it
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -215,6 +216,9 @@ def _kl_figure(r: ValidationReport):
     fig, ax = new_figure(8, 3.5)
     for e in r.end_to_end:
         edges, counts = e.kl_histogram_edges, e.kl_histogram_counts
+        if not all(math.isfinite(x) for x in edges):  # NaN weights give NaN logits and KL: nothing to draw
+            ax.plot([], [], " ", label=f"{e.mode}: KL is not finite (NaN/Inf), no histogram")
+            continue
         ax.stairs(counts, edges, label=f"{e.mode}: mean {e.kl_mean:.3g}, p99 {e.kl_p99:.3g}")
     ax.set_xscale("log")
     ax.set_xlabel("per-token KL(INT4 || NVFP4), nats (first bin includes everything below)")

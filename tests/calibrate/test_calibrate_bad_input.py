@@ -18,7 +18,7 @@ from kimi_nvfp4.synth import create_synthetic_checkpoint
 
 
 def _snapshot(folder):
-    # the lock file names its current holder (checkpoint/output_lock.py): bookkeeping, not output
+    # The folder's lock file records each holder (pid, start time): bookkeeping, not checkpoint content.
     return {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*") if p.name != LOCK_NAME}
 
 

@@ -203,3 +203,107 @@ def test_run_refuses_nesting_before_creating_the_output(source, tmp_path):
     with pytest.raises(OutputError, match="lies inside the source folder"):
         run_pipeline(source, source / "out", progress=False)
     assert _tree(source) == before
+
+
+# --- links and special files in the source ------------------------------------------------------------------------
+
+
+def test_only_regular_files_inside_the_source_are_copied(source, tmp_path):
+    import os
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_text("api-key=hunter2")
+    (outside / "dir").mkdir()
+    (outside / "dir" / "more.txt").write_text("secret too")
+    (source / "notes.txt").symlink_to(outside / "secret")
+    (source / "x").symlink_to("/dev/zero")
+    (source / "docs").symlink_to(outside / "dir")
+    (source / "dangling").symlink_to(tmp_path / "nowhere")
+    os.mkfifo(source / "pipe")  # copying it would block forever
+    (source / "template_alias.jinja").symlink_to("chat_template.jinja")  # inside the source: its bytes are copied
+    out = tmp_path / "out"
+    summary = convert_checkpoint(source, out, method="amax", device="cpu", progress=False, record_stats=False)
+    for name in ("notes.txt", "x", "docs", "dangling", "pipe"):
+        assert not os.path.lexists(out / name), name
+    alias = out / "template_alias.jinja"
+    assert not alias.is_symlink() and alias.read_bytes() == (source / "chat_template.jinja").read_bytes()
+    skipped = {line.split(" ")[0]: line for line in summary.skipped_files}
+    assert set(skipped) == {"notes.txt", "x", "docs", "dangling", "pipe"}
+    assert "outside the source" in skipped["notes.txt"] and "outside the source" in skipped["x"]
+    assert "not a regular file" in skipped["pipe"] and "folder" in skipped["docs"]
+    assert "hunter2" not in "".join(p.read_text(errors="ignore") for p in out.rglob("*") if p.is_file())
+
+
+def test_config_or_shard_linked_outside_the_source_is_refused(source, tmp_path, capsys):
+    import shutil
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shutil.move(source / "config.json", outside / "config.json")
+    (source / "config.json").symlink_to(outside / "config.json")
+    code = _run_cli(["convert", str(source), str(tmp_path / "out"), "--device", "cpu", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 3 and "config.json is a symbolic link to" in err and "outside the source" in err
+    (source / "config.json").unlink()
+    shutil.move(outside / "config.json", source / "config.json")
+    shard = sorted(source.glob("model-*.safetensors"))[0]
+    shutil.move(shard, outside / shard.name)
+    shard.symlink_to("/dev/zero")
+    code = _run_cli(["convert", str(source), str(tmp_path / "out"), "--device", "cpu", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 3 and f"{shard.name}: shard is a symbolic link to /dev/zero" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_hub_snapshot_of_links_into_blobs_converts(source, tmp_path, monkeypatch):
+    """huggingface_hub's cache: snapshots/REV/NAME -> ../../blobs/HASH. Those links stay inside the repo's tree."""
+    import hashlib
+    import os
+
+    import huggingface_hub
+
+    repo = tmp_path / "hub" / "models--moonshotai--Kimi-K2.6"
+    snapshot = repo / "snapshots" / "abc123"
+    (repo / "blobs").mkdir(parents=True)
+    for path in sorted(p for p in source.rglob("*") if p.is_file()):
+        blob = repo / "blobs" / hashlib.sha256(path.read_bytes()).hexdigest()
+        blob.write_bytes(path.read_bytes())
+        link = snapshot / path.relative_to(source)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda *a, **k: str(snapshot))
+    out = tmp_path / "out"
+    summary = convert_checkpoint("moonshotai/Kimi-K2.6", out, method="amax", device="cpu", progress=False,
+                                 record_stats=False)
+    assert summary.skipped_files == [] and summary.shards_converted == 5
+    assert (out / "tokenizer_config.json").read_bytes() == (source / "tokenizer_config.json").read_bytes()
+    assert not (out / "tokenizer_config.json").is_symlink()
+
+
+# --- determinism ------------------------------------------------------------------------------------------------
+
+
+def test_manifest_bytes_do_not_depend_on_which_job_finishes_first(source, tmp_path, monkeypatch):
+    import time
+
+    from kimi_nvfp4.checkpoint.manifest import MANIFEST_NAME
+    from kimi_nvfp4.convert import api
+
+    real_job = api.run_shard_job
+    files = sorted(p.name for p in source.glob("model-*.safetensors"))
+
+    def run(out, slowest_first: bool):
+        order = files if slowest_first else files[::-1]
+
+        def delayed(job, *args, **kwargs):
+            time.sleep(0.3 * (len(order) - order.index(job.file)))  # finish in the opposite of `order`
+            return real_job(job, *args, **kwargs)
+
+        monkeypatch.setattr(api, "run_shard_job", delayed)
+        convert_checkpoint(source, out, method="amax", device="cpu", workers=5, progress=False)
+        return (out / MANIFEST_NAME).read_bytes()
+
+    a, b = run(tmp_path / "a", True), run(tmp_path / "b", False)
+    assert list(json.loads(a)["shards"]) == files
+    assert a == b

@@ -6,9 +6,11 @@ import socket
 
 import pytest
 
+from kimi_nvfp4.checkpoint.manifest import load_manifest
 from kimi_nvfp4.cli import main
 from kimi_nvfp4.publish import list_publish_files, publish_checkpoint
 from kimi_nvfp4.publish.files import format_size
+from kimi_nvfp4.publish.public_copy import public_sizes
 
 
 def run_cli(argv: list[str]) -> int:
@@ -39,7 +41,8 @@ def test_dry_run_lists_every_file_and_the_card(publishable, no_network, capsys):
     assert run_cli(["publish", str(publishable), "me/Kimi-K2.6-NVFP4", "--dry-run", "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "(no network used)" in out
-    for f in list_publish_files(publishable):
+    # Sizes are those of what is sent: the public copy of the manifest (no local paths, publish/public_copy.py).
+    for f in public_sizes(publishable, list_publish_files(publishable), load_manifest(publishable)):
         if f.path != "README.md":  # the card replaces the source card, which is kept as README.source.md
             assert f"  {f.path} " in out and format_size(f.bytes) in out, f.path
     assert "README.source.md" in out  # where the source's card will go
