@@ -37,7 +37,7 @@ import torch
 
 from kimi_nvfp4.calibrate import ExpertPolicy
 from kimi_nvfp4.calibrate.api import run_calibration
-from kimi_nvfp4.calibrate.device import resolve_device
+from kimi_nvfp4.stage_kit.device import resolve_device
 from kimi_nvfp4.checkpoint.reader import CheckpointReader
 from kimi_nvfp4.convert.api import convert_checkpoint
 from kimi_nvfp4.synth import create_synthetic_checkpoint
@@ -86,7 +86,7 @@ def prepare(
 
 def sequences(reader: CheckpointReader, out: Path, samples: int, seq_len: int, data: str | None, seed: int):
     if data:
-        from kimi_nvfp4.calibrate.samples import DataPart, load_sample_set
+        from kimi_nvfp4.stage_kit.samples import DataPart, load_sample_set
 
         return load_sample_set(
             out, data, part=DataPart.CALIBRATION, samples=samples, seq_len=seq_len, seed=seed

@@ -21,7 +21,7 @@ import torch
 
 from kimi_nvfp4.calibrate import ExpertPolicy
 from kimi_nvfp4.calibrate.api import run_calibration
-from kimi_nvfp4.calibrate.device import resolve_device
+from kimi_nvfp4.stage_kit.device import resolve_device
 from kimi_nvfp4.calibrate.shard import INPUT_SCALES_SHARD, install_input_scales
 from kimi_nvfp4.checkpoint.reader import CheckpointReader
 from kimi_nvfp4.model.linear import ActivationMode

@@ -31,9 +31,9 @@ from ..distributed import RankContext, rank_context
 from ..model import LayerStreamRunner, NVFP4Weights
 from ..model.linear import NVFP4Linear
 from ..model.runner import CUDA_MAX_CHUNK_TOKENS, DEFAULT_MAX_CHUNK_TOKENS
-from .device import AUTO_DTYPE, dtype_name, resolve_device, resolve_dtype, synchronize
+from ..stage_kit.device import AUTO_DTYPE, dtype_name, resolve_device, resolve_dtype, synchronize
 from .options import DEFAULT_SAMPLES, DEFAULT_SEQ_LEN, CalibrateOptions
-from .pairing import require_converted, require_matching_source
+from ..stage_kit.pairing import require_converted, require_matching_source
 from .policy import (
     EXPERT_INPUT_GROUPS,
     ExpertAmax,
@@ -49,7 +49,7 @@ from .report import (
     LinearRange,
     write_calibration_report,
 )
-from .samples import HELDOUT_FRACTION, DataPart, load_sample_set
+from ..stage_kit.samples import HELDOUT_FRACTION, DataPart, load_sample_set
 from .shard import (
     CALIBRATE_STAGE,
     install_input_scales,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from .artifacts import markdown_table, new_figure, save_figure, save_model_json, save_text
+from ..stage_kit.artifacts import markdown_table, new_figure, save_figure, save_model_json, save_text
 
 REPORT_JSON = "calibration_report.json"
 REPORT_MD = "calibration_report.md"

@@ -32,12 +32,12 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from ..errors import CheckpointError
 from .manifest import MANIFEST_NAME
 from .reader import CONFIG_NAME, INDEX_NAME, CheckpointReader
+from .writer import sha256_file
 
 VALIDATE_STAGE = "validate"
 VERDICT_KEY = "verdict"  # key of the sealed verdict in `stages.validate.outputs` and in validate_report.json
 # Files besides the shards that decide how an engine loads the weights (hf_quant_config.json: Model Optimizer's).
 LOAD_FILES = (CONFIG_NAME, "hf_quant_config.json", INDEX_NAME)
-_HASH_CHUNK_BYTES = 16 * 1024 * 1024
 _HASH_WORKERS = 4
 _LENGTH = struct.Struct("<Q")
 
@@ -90,18 +90,10 @@ class JudgedReport(Protocol):
     def failed_gates(self) -> list[Any]: ...
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_HASH_CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _digests(root: Path, files: Sequence[str], workers: int) -> dict[str, str]:
     names = sorted(files)
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:  # hashlib releases the GIL
-        return dict(zip(names, pool.map(lambda f: file_sha256(root / f), names), strict=True))
+        return dict(zip(names, pool.map(lambda f: sha256_file(root / f), names), strict=True))
 
 
 def tokens_sha256(sequences: Sequence[torch.Tensor]) -> str:
@@ -118,7 +110,7 @@ def _json_sha256(obj: Any) -> str:
 
 
 def load_file_digests(root: Path) -> dict[str, str]:
-    return {name: file_sha256(root / name) for name in LOAD_FILES if (root / name).is_file()}
+    return {name: sha256_file(root / name) for name in LOAD_FILES if (root / name).is_file()}
 
 
 def seal_verdict(

@@ -396,6 +396,11 @@ def write_bytes_atomic(path: str | Path, data: bytes, *, durable: bool = True) -
         raise write_failure(e, path, tmp, remove_quietly(tmp)) from None
 
 
+def write_text_atomic(path: str | Path, text: str, *, durable: bool = True) -> None:
+    """`write_bytes_atomic` of UTF-8 text."""
+    write_bytes_atomic(path, text.encode("utf-8"), durable=durable)
+
+
 def write_json_atomic(path: str | Path, obj: Any, *, durable: bool = True) -> None:
     write_bytes_atomic(path, (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode(), durable=durable)
 
@@ -408,9 +413,13 @@ def write_index(root: str | Path, weight_map: dict[str, str], total_size: int, *
     return path
 
 
-def sha256_file(path: str | Path, chunk: int = 16 * 1024 * 1024) -> str:
+def sha256_file(path: str | Path, bar: Any = None, chunk: int = 16 * 1024 * 1024) -> str:
+    """Streaming sha256 of one file (bounded memory for 10 GB shards); `bar`: a tqdm bar advanced by the bytes
+    read (convert's resume checks, publish's shard checks, validate's verdict)."""
     digest = hashlib.sha256()
     with Path(path).open("rb") as f:
         while block := f.read(chunk):
             digest.update(block)
+            if bar is not None:
+                bar.update(len(block))
     return digest.hexdigest()

@@ -40,10 +40,10 @@ from ..checkpoint.modelopt_config import (
 )
 from ..checkpoint.reader import CONFIG_NAME
 from ..checkpoint.writer import partial_path, remove_quietly, write_failure, write_index, write_json_atomic
-from ..errors import DeviceError
 from ..numerics.methods import ScaleMethod
 from .job import ShardResult, run_shard_job
-from .options import DEVICES, ConvertOptions
+from ..stage_kit.device import resolve_device
+from .options import ConvertOptions
 from .output import OutputState, prepare_output
 from .plan import ConversionPlan, ShardJob, plan_conversion
 from .source import resolve_source, source_record
@@ -115,16 +115,6 @@ def _sum_phases(results: list[ShardResult]) -> dict[str, float]:
         for name, seconds in r.phase_seconds.items():
             total[name] = total.get(name, 0.0) + seconds
     return total
-
-
-def resolve_device(device: str) -> torch.device:
-    if device not in DEVICES:
-        raise DeviceError(f"--device must be one of {DEVICES}, got {device!r}")
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise DeviceError("--device cuda was asked for but torch sees no CUDA device")
-    return torch.device(device)
 
 
 def _finish(

@@ -21,7 +21,7 @@ import torch
 from .. import __version__
 from .agent_chats import render_agent_sessions
 from .corpus import DEFAULT_HELDOUT_FRACTION, default_source_root, load_corpus
-from .atomic import write_text_atomic
+from ..checkpoint.writer import write_text_atomic
 from .export import export_checkpoint, to_json
 from .model_config import TinyK2Spec
 from .readback import load_transformers_model

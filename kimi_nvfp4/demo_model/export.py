@@ -23,7 +23,7 @@ from ..checkpoint_builder import compressed_tensors_int4_config
 from ..checkpoint_builder import kimi_k25_config as builder_kimi_k25_config
 from ..checkpoint_builder.tokenizer_files import MEDIA_PLACEHOLDER_TOKEN
 from ..errors import OutputError
-from .atomic import partial_path, write_bytes_atomic, write_text_atomic
+from ..checkpoint.writer import partial_path, write_bytes_atomic, write_text_atomic
 from .k2_layout_export import k2_text_tensors
 from .model_config import TinyK2Spec
 from .specials import END_OF_TURN_TOKEN, special_id

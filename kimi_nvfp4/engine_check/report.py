@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..calibrate.artifacts import markdown_table, save_model_json, save_text
+from ..stage_kit.artifacts import markdown_table, save_model_json, save_text
 
 REPORT_JSON = "engine_check_{engine}.json"
 REPORT_MD = "engine_check_{engine}.md"

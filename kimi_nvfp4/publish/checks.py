@@ -9,7 +9,6 @@ digests it judged equal the manifest's, which this module has just verified agai
 
 from __future__ import annotations
 
-import hashlib
 import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -21,11 +20,10 @@ from tqdm.auto import tqdm
 from ..checkpoint.manifest import MANIFEST_NAME, load_manifest
 from ..checkpoint.reader import INDEX_NAME
 from ..checkpoint.verdict import check_verdict
+from ..checkpoint.writer import sha256_file
 from ..errors import CheckpointError, GateFailure
 from .files import GLOB_CHARACTERS, list_publish_files, partial_files
 
-# Large reads keep the hash disk-bound (hashlib releases the GIL, so shards hash in parallel threads).
-HASH_CHUNK_BYTES = 16 * 1024 * 1024
 
 
 @dataclass
@@ -38,17 +36,6 @@ class Readiness:
     validation_source: str | None  # where the verdict was read from
     forced_unvalidated: bool
     notes: list[str] = field(default_factory=list)
-
-
-def sha256_file(path: Path, bar: tqdm | None = None) -> str:
-    """Streaming sha256 of one file (bounded memory for 10 GB shards)."""
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(HASH_CHUNK_BYTES):
-            digest.update(chunk)
-            if bar is not None:
-                bar.update(len(chunk))
-    return digest.hexdigest()
 
 
 def check_shards(folder: Path, manifest: Any, *, workers: int = 4, progress: bool = True) -> tuple[int, int]:

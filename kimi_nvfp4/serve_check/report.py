@@ -14,12 +14,13 @@ asked for and crashed is a failed gate, gated or not: "All gates passed" means e
 
 from __future__ import annotations
 
-import os
 from enum import Enum
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from ..checkpoint.writer import write_bytes_atomic
 
 from .loadgen import LoadSweep
 from .quality.agreement import AgreementReport
@@ -317,15 +318,6 @@ def render_markdown(r: ServeCheckReport, chart_name: str | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.partial")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def write_report(report: ServeCheckReport, report_dir: str | Path) -> dict[str, Path]:
     """serve_check.json, serve_check.md and (with any load data) serve_check.png in `report_dir`."""
     from .charts import draw_chart
@@ -336,7 +328,7 @@ def write_report(report: ServeCheckReport, report_dir: str | Path) -> dict[str, 
     sweeps = [s for s in (report.load, report.compare) if s is not None]
     if sweeps:
         paths["png"] = out / f"{REPORT_STEM}.png"
-        atomic_write_bytes(paths["png"], draw_chart(sweeps))
-    atomic_write_bytes(paths["json"], report.model_dump_json(indent=2).encode())
-    atomic_write_bytes(paths["md"], render_markdown(report, paths["png"].name if sweeps else None).encode())
+        write_bytes_atomic(paths["png"], draw_chart(sweeps))
+    write_bytes_atomic(paths["json"], report.model_dump_json(indent=2).encode())
+    write_bytes_atomic(paths["md"], render_markdown(report, paths["png"].name if sweeps else None).encode())
     return paths

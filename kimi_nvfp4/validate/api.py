@@ -19,9 +19,9 @@ from typing import Any, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from ..calibrate.device import AUTO_DTYPE, dtype_name, resolve_device, resolve_dtype, synchronize
-from ..calibrate.pairing import require_converted, require_matching_source
-from ..calibrate.samples import DataPart, load_sample_set
+from ..stage_kit.device import AUTO_DTYPE, dtype_name, resolve_device, resolve_dtype, synchronize
+from ..stage_kit.pairing import require_converted, require_matching_source
+from ..stage_kit.samples import DataPart, load_sample_set
 from ..checkpoint.output_lock import holds_output_lock
 from ..checkpoint.reader import CheckpointReader
 from ..checkpoint.verdict import VERDICT_KEY, seal_verdict
@@ -32,7 +32,7 @@ from ..model.layer_weights import LayerWeights
 from ..model.linear import ActivationMode, NVFP4Linear
 from ..model.runner import CUDA_MAX_CHUNK_TOKENS, DEFAULT_MAX_CHUNK_TOKENS
 from ..model.nvfp4_linears import InputScaleReduction
-from .baseline import BASELINE_MODE, BASELINE_NAME, baseline_layer
+from .baseline import BASELINE_MODE, BASELINE_NAME, baseline_enabled, baseline_layer
 from .experts import WORST_EXPERTS, ExpertError, ExpertErrorObserver
 from .gates import DEFAULT_GATES, GateResult, GateThresholds, gate_check, gate_max, gate_min
 from .metrics import RelativeError, TokenComparison
@@ -378,7 +378,7 @@ def validate_checkpoint(
         progress=progress,
         dtype=compute_dtype,
         ctx=ctx,
-        baseline=opts.baseline,
+        baseline=baseline_enabled(opts.baseline, sample_set.tokens),
     )
     structure = ctx.broadcast_object(structure)
     gate_results = evaluate_gates(

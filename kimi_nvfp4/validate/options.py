@@ -48,10 +48,11 @@ class ValidateOptions(StageOptions):
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="Compute dtype of every stream. auto: bfloat16 on CUDA (what SGLang serves: bf16 hidden "
                             "states, matmuls and logits), float32 on CPU.")
-    baseline: Annotated[bool, Cli("--baseline/--no-baseline")] = Field(
-        True, description="Also run the amax (Model Optimizer rule) conversion of the same experts as a W4A16 "
-                          "stream and fail when the checkpoint is worse than it by more than the baseline_* "
-                          "gates allow (one more stream: ~+30% time).")
+    baseline: Literal["auto", "on", "off"] = Field(
+        "auto", description="Also run the amax (Model Optimizer rule) conversion of the same experts as a W4A16 "
+                            "stream and fail when the checkpoint is worse than it by more than the baseline_* gates "
+                            "allow (one more stream: ~+30% time). auto: on when the held-out set has at least "
+                            "16384 tokens (a ratio of two KLs over fewer tokens is noise).")
     max_chunk_tokens: int | None = Field(None, ge=1, description="Tokens per MLP/MoE chunk.")
     states_device: str | None = Field(
         None, description="Keep hidden states here (e.g. cpu) when they do not fit the GPU.")
@@ -69,6 +70,11 @@ class ValidateOptions(StageOptions):
     def _dtype_name(cls, value: Any) -> Any:
         """torch.bfloat16 / "bf16" -> "bfloat16" (calibrate's rule)."""
         return CalibrateOptions._dtype_name(value)
+
+    @field_validator("baseline", mode="before")
+    @classmethod
+    def _baseline_flag(cls, value: Any) -> Any:
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
     @field_validator("modes", mode="after")
     @classmethod

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from ..calibrate.artifacts import markdown_table, new_figure, save_figure, save_model_json, save_text
+from ..stage_kit.artifacts import markdown_table, new_figure, save_figure, save_model_json, save_text
 from ..checkpoint.verdict import ValidateVerdict
 from .experts import ExpertError
 from .gates import GateResult, GateThresholds

@@ -18,7 +18,7 @@ from typing import Iterable
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from ..calibrate.pairing import (
+from ..stage_kit.pairing import (
     COMPRESSED_TENSORS_QUANT_METHOD,
     HF_QUANT_CONFIG_NAME,
     MODELOPT_QUANT_METHOD,

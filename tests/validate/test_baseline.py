@@ -8,7 +8,7 @@ from kimi_nvfp4.checkpoint.reader import CheckpointReader
 from kimi_nvfp4.convert.api import convert_checkpoint
 from kimi_nvfp4.model import Int4SourceWeights, NVFP4Weights
 from kimi_nvfp4.validate.api import validate_checkpoint
-from kimi_nvfp4.validate.baseline import BASELINE_MODE, baseline_layer
+from kimi_nvfp4.validate.baseline import BASELINE_MIN_TOKENS, BASELINE_MODE, baseline_enabled, baseline_layer
 from kimi_nvfp4.validate.corruptions import flip_nibble_order
 
 
@@ -39,7 +39,7 @@ def test_baseline_experts_are_the_amax_conversion(calibrated_pair, tmp_path):
 
 def _validate(src, out, report):
     return validate_checkpoint(out, src, "sample", report_dir=report, samples=3, seq_len=48, device="cpu",
-                               progress=False, record_in_manifest=False)
+                               progress=False, record_in_manifest=False, baseline=True)
 
 
 def test_a_correct_checkpoint_passes_and_a_broken_expert_fails_the_baseline_gates(calibrated_pair, tmp_path):
@@ -62,3 +62,8 @@ def test_no_baseline_means_no_baseline_gates(calibrated_pair, tmp_path):
                                  device="cpu", progress=False, record_in_manifest=False, baseline=False)
     assert report.baseline is None
     assert not [g for g in report.gates if g.name.startswith("baseline.")]
+
+
+def test_auto_runs_the_baseline_only_on_enough_tokens():
+    assert baseline_enabled("auto", BASELINE_MIN_TOKENS) and not baseline_enabled("auto", BASELINE_MIN_TOKENS - 1)
+    assert baseline_enabled("on", 1) and not baseline_enabled("off", 10**9)
