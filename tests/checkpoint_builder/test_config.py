@@ -28,7 +28,7 @@ def test_the_demo_export_config_is_the_shipped_config_json_byte_for_byte():
     from kimi_nvfp4.demo_model.vision_stub import vision_config
 
     spec = TinyK2Spec.from_dict(json.loads((DEMO_CHECKPOINT / REPORT_FILE).read_text())["spec"])
-    assert to_json(kimi_k25_config(spec, vision_config())) == (DEMO_CHECKPOINT / CONFIG_FILE).read_text()
+    assert to_json(kimi_k25_config(spec, vision_config(spec.hidden_size))) == (DEMO_CHECKPOINT / CONFIG_FILE).read_text()
 
 
 @pytest.mark.parametrize("layout", ["kimi_k25", "deepseek_v3"])
