@@ -171,8 +171,11 @@ def options_from_cli(model: type[OptionsT], values: dict[str, Any]) -> OptionsT:
         first = e.errors()[0]
         name = str(first["loc"][0]) if first["loc"] else ""
         field = model.model_fields.get(name)
-        flag = (_cli_marker(field).decls or ("--" + name.replace("_", "-"),))[0] if field else None
-        raise click.BadParameter(first["msg"], param_hint=flag.split("/")[0] if flag else None) from None
+        if field is None or _cli_marker(field).hidden:  # e.g. serve-check's load table, built from several flags
+            where = ".".join(str(p) for p in first["loc"])
+            raise click.UsageError(f"{where}: {first['msg']}") from None
+        flag = (_cli_marker(field).decls or ("--" + name.replace("_", "-"),))[0]
+        raise click.BadParameter(first["msg"], param_hint=flag.split("/")[0]) from None
 
 
 def cli_options(model: type[StageOptions]) -> Callable[[CommandT], CommandT]:

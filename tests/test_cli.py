@@ -36,14 +36,16 @@ def test_each_entry_names_its_click_command(command):
     assert isinstance(loaded, click.Command) and loaded.name == command.name
 
 
-def test_top_level_help_loads_no_stage_code():
-    """`kimi-nvfp4 --help` stays fast: the registry holds strings, no command module is imported."""
+@pytest.mark.parametrize("args", [["--help"], ["run", "--help"], ["demo", "--help"]], ids=" ".join)
+def test_help_loads_no_stage_code(args):
+    """`kimi-nvfp4 --help` (and `run --help`) stay fast: the registry holds strings, and the pipeline's names
+    load lazily, so no stage module (nor torch) is imported."""
     code = ("import sys; from kimi_nvfp4.cli import main\n"
-            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            f"try:\n    main({args!r})\nexcept SystemExit:\n    pass\n"
             "print(sorted(m for m in sys.modules if m.startswith('kimi_nvfp4.') or m == 'torch'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     loaded = out.strip().splitlines()[-1]
-    assert "torch" not in loaded and "kimi_nvfp4.convert" not in loaded and "kimi_nvfp4.pipeline" not in loaded
+    assert "torch" not in loaded and "kimi_nvfp4.convert" not in loaded and "kimi_nvfp4.calibrate" not in loaded
 
 
 def test_unknown_command_fails():

@@ -1,22 +1,33 @@
-"""pipeline: convert -> calibrate -> validate -> serve-check -> publish, resumable, with one summary."""
+"""pipeline: convert -> calibrate -> validate -> serve-check -> publish, resumable, with one summary.
 
-from .config import PipelineConfig, load_pipeline_config, pipeline_config_from_dict
-from .demo import run_demo
-from .runner import run_pipeline, run_stages
-from .stage import Stage, StageContext, StageOutcome
-from .summary import PipelineSummary, StageResult, StageStatus
+The public names are imported lazily: `kimi-nvfp4 run --help` loads only the command, not every stage
+(building `PipelineConfig` imports each stage's options model, and with it torch).
+"""
 
-__all__ = [
-    "PipelineConfig",
-    "PipelineSummary",
-    "Stage",
-    "StageContext",
-    "StageOutcome",
-    "StageResult",
-    "StageStatus",
-    "load_pipeline_config",
-    "pipeline_config_from_dict",
-    "run_demo",
-    "run_pipeline",
-    "run_stages",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "PipelineConfig": "config",
+    "load_pipeline_config": "config",
+    "pipeline_config_from_dict": "config",
+    "run_demo": "demo",
+    "run_pipeline": "runner",
+    "run_stages": "runner",
+    "Stage": "stage",
+    "StageContext": "stage",
+    "StageOutcome": "stage",
+    "PipelineSummary": "summary",
+    "StageResult": "summary",
+    "StageStatus": "summary",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)

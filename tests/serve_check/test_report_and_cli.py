@@ -131,6 +131,12 @@ def test_cli_quick_against_url(scripted_server, tmp_path):
     assert isinstance(res.exception, GateFailure) and res.exception.exit_code == 1
 
 
+def test_cli_bad_load_value_is_a_usage_error_naming_the_field(tmp_path):
+    res = CliRunner().invoke(serve_check_command, [str(tmp_path), "--url", "http://127.0.0.1:9", "--report",
+                                                   str(tmp_path / "r"), "--turns", "0"])
+    assert res.exit_code == 2 and "load.turns" in res.output
+
+
 def test_cli_profile_on_a_machine_without_the_gpus(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
     res = CliRunner().invoke(serve_check_command, [str(tmp_path), "--profile", "b200-tp4", "--report",
