@@ -200,7 +200,11 @@ class _Watchdog:
     """
 
     def __init__(self) -> None:
-        self._cv = threading.Condition()
+        # A plain (C) lock under the condition: `disarm` enters it directly with `with`, never through
+        # Condition.__enter__, whose Python frame an interrupt landing right after the acquire would
+        # leave holding the lock for good.
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)
         self._deadlines: list[tuple[float, int]] = []  # heap of (deadline, key)
         self._active: dict[int, int] = {}  # key -> thread ident
         self._fired: set[int] = set()
@@ -208,6 +212,7 @@ class _Watchdog:
         self._thread: threading.Thread | None = None
 
     def arm(self, seconds: float) -> int:
+        # no interrupt can be pending for this thread here: the previous render's disarm cleared it
         with self._cv:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="template-watchdog", daemon=True)
@@ -219,7 +224,8 @@ class _Watchdog:
             return key
 
     def disarm(self, key: int) -> None:
-        with self._cv:
+        # the only watchdog code that runs while this thread's interrupt may be pending
+        with self._lock:
             ident = self._active.pop(key, None)
             if key in self._fired:
                 self._fired.discard(key)

@@ -33,7 +33,7 @@ from .. import __version__
 from ..errors import KimiNvfp4Error
 from .engine import GenerationEngine, SamplingParams
 from .engine_worker import DEFAULT_MAX_PENDING, EngineWorker, RequestCancelled
-from .kimi_parsers import THINK_BEGIN, StreamSplitter, parse_tool_calls, split_reasoning
+from .kimi_parsers import StreamSplitter, history_tool_calls, parse_tool_calls, reasoning_forced, split_reasoning
 from .launcher import ServerLaunchError
 from .server_requests import (BadRequest, ServerBusy, parse_chat_request, parse_generate_request,
                               resolve_max_new_tokens, sampling_params)
@@ -279,22 +279,25 @@ class ReferenceApp:
         req = parse_chat_request(await request.json(), getattr(self.engine, "generation_defaults", None))
         prompt_ids = await self._render(req.messages, req.tools, req.template_kwargs)
         params = sampling_params(self._budget(req.max_new_tokens, prompt_ids), req.sampling)
-        in_reasoning = self.engine.decode(prompt_ids[-4:]).rstrip().endswith(THINK_BEGIN)
         rid = "chatcmpl-" + uuid.uuid4().hex
         created = int(time.time())
         if req.stream:
-            return await self._stream_chat(request, req, prompt_ids, params, in_reasoning, rid, created)
+            return await self._stream_chat(request, req, prompt_ids, params, rid, created)
         out = await self._run(request, prompt_ids, params)
-        reasoning, content = split_reasoning(out.text, in_reasoning=in_reasoning)
+        kwargs = req.template_kwargs
+        reasoning, content = split_reasoning(out.text, force_reasoning=reasoning_forced(kwargs),
+                                             force_nonempty_content=kwargs.get("force_nonempty_content") is True)
         calls = []
         if req.tools:
-            content, calls = parse_tool_calls(content)
-        message: dict = {"role": "assistant", "content": content if content or not calls else None}
+            content, calls = parse_tool_calls(content, req.tools)
+        history = history_tool_calls(req.messages)
+        # SGLang answers content "" rather than null, and reasoning_content only when there is some
+        message: dict = {"role": "assistant", "content": content}
         if reasoning:
             message["reasoning_content"] = reasoning
         if calls:
-            message["tool_calls"] = [c.to_openai(i) for i, c in enumerate(calls)]
-        finish = "tool_calls" if calls else out.finish_reason
+            message["tool_calls"] = [c.to_openai(i, history) for i, c in enumerate(calls)]
+        finish = "tool_calls" if calls and out.finish_reason == "stop" else out.finish_reason
         return web.json_response({
             "id": rid, "object": "chat.completion", "created": created, "model": self.engine.model_name,
             "choices": [{"index": 0, "message": message, "finish_reason": finish,
@@ -302,7 +305,7 @@ class ReferenceApp:
             "usage": _usage(out),
         })
 
-    async def _stream_chat(self, request, req, prompt_ids, params, in_reasoning, rid, created):
+    async def _stream_chat(self, request, req, prompt_ids, params, rid, created):
         job = self._submit(prompt_ids, params, streaming=True)  # a full queue is a 503, before any header
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         try:
@@ -320,7 +323,9 @@ class ReferenceApp:
                 chunk["usage"] = usage
             await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
 
-        splitter = StreamSplitter(in_reasoning=in_reasoning, parse_tools=bool(req.tools))
+        kwargs = req.template_kwargs
+        splitter = StreamSplitter(force_reasoning=reasoning_forced(kwargs), parse_tools=bool(req.tools),
+                                  tools=req.tools, force_nonempty_content=kwargs.get("force_nonempty_content") is True)
         await send({"role": "assistant", "content": ""})
 
         async def on_delta(text: str) -> None:
@@ -347,8 +352,10 @@ class ReferenceApp:
             await send({"content": content})
         finish = out.finish_reason
         if calls:
-            await send({"tool_calls": [c.to_openai(i) for i, c in enumerate(calls)]})
-            finish = "tool_calls"
+            history = history_tool_calls(req.messages)
+            await send({"tool_calls": [c.to_openai(i, history) for i, c in enumerate(calls)]})
+            if finish == "stop":
+                finish = "tool_calls"
         await send({}, finish)
         if req.include_usage:
             await send(None, usage=_usage(out))

@@ -238,6 +238,11 @@ def evaluate_gates(gates: Gates, load: LoadSweep | None, quality: QualityReport,
     return [g for g in out if g is not None]
 
 
+def _cell(text: str) -> str:
+    """Text for a Markdown table cell: a `|` (as in "mean |Δlogprob|") would end the cell."""
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
 def _fmt(x: float | None, spec: str = ".3g") -> str:
     return "–" if x is None else format(x, spec)
 
@@ -281,7 +286,7 @@ def render_markdown(r: ServeCheckReport, chart_name: str | None) -> str:
     for g in r.gates:
         threshold = "must run" if g.threshold is None else f"{g.comparison} {g.threshold:g}"
         result = "pass" if g.passed else ("**FAIL** (crashed)" if g.error else "**FAIL**")
-        lines.append(f"| {g.name} | {g.kind.value} | {_fmt(g.value, '.4g')} | {threshold} | {result} |")
+        lines.append(f"| {_cell(g.name)} | {g.kind.value} | {_fmt(g.value, '.4g')} | {threshold} | {result} |")
     if not r.gates:
         lines.append("| (none) | | | | |")
     if r.checks:
@@ -291,7 +296,7 @@ def render_markdown(r: ServeCheckReport, chart_name: str | None) -> str:
                   "conversion errors); operational checks compare nothing.", "",
                   "| check | kind | compared with | ran |", "|---|---|---|---|"]
         for c in r.checks:
-            ran = "yes" if c.ran else f"**crashed**: {c.error}"
+            ran = "yes" if c.ran else f"**crashed**: {_cell(c.error or '')}"
             lines.append(f"| {c.name} | {c.kind.value} | {c.compared_with} | {ran} |")
     if r.load is not None:
         lines += ["", f"## Load: {r.load.label}", "", *_sweep_table(r.load)]

@@ -69,7 +69,8 @@ def test_real_humaneval_problem_passes_with_its_canonical_solution(scripted_serv
 
     async def main():
         async with ChatClient(url) as c:
-            return await run_humaneval(c, limit=2, max_tokens=2000)
+            return await run_humaneval(c, limit=2, max_tokens=2000,
+                                       extra={"chat_template_kwargs": {"thinking": False}})
     rep = asyncio.run(main())
     assert rep.problems == 2 and rep.passed == 1 and rep.pass_at_1 == 0.5
     assert rep.cases[0].passed and not rep.cases[1].passed

@@ -13,6 +13,8 @@ TOOL = {"type": "function", "function": {"name": "read_file", "parameters": {
     "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}
 CALL_TEXT = ("Reading.<|tool_calls_section_begin|><|tool_call_begin|>functions.read_file:0"
              "<|tool_call_argument_begin|>{\"path\": \"a.py\"}<|tool_call_end|><|tool_calls_section_end|>")
+# SGLang reads a Kimi reply as reasoning unless the request turns thinking off (kimi_parsers.py)
+THINKING_OFF = {"chat_template_kwargs": {"thinking": False}}
 
 
 def _get(url):
@@ -41,7 +43,7 @@ def test_info_endpoints(scripted_server):
 def test_streaming_chat_reports_usage_and_cached_tokens(scripted_server):
     url, engine = scripted_server()
     msgs = [{"role": "user", "content": "hello " * 20}]
-    first = _chat(url, messages=msgs, max_tokens=5, ignore_eos=True)
+    first = _chat(url, messages=msgs, max_tokens=5, ignore_eos=True, extra=THINKING_OFF)
     assert first.ok and first.completion_tokens == 5 and len(first.content) == 5
     assert first.ttft_s is not None and first.tpot_s is not None
     assert first.prompt_tokens == len(engine.render_chat(msgs, None)) and first.cached_tokens == 0
@@ -54,30 +56,50 @@ def test_streaming_chat_reports_usage_and_cached_tokens(scripted_server):
 
 
 def test_tool_calls_streamed_and_whole(scripted_server):
-    url, _ = scripted_server(script={"open a.py": CALL_TEXT})
+    url, _ = scripted_server(script={"open a.py": "</think>" + CALL_TEXT})
     for stream in (True, False):
         res = _chat(url, messages=[{"role": "user", "content": "open a.py"}], max_tokens=200, tools=[TOOL],
                     stream=stream)
         assert res.ok, res.error
-        assert res.content == "Reading."
+        assert res.content == "Reading." and res.reasoning == ""
         assert res.finish_reason == "tool_calls"
         (call,) = res.tool_calls
         assert call["id"] == "functions.read_file:0" and call["function"]["name"] == "read_file"
         assert json.loads(call["function"]["arguments"]) == {"path": "a.py"}
 
 
+def test_calls_while_still_thinking_end_the_reasoning_and_ids_count_the_history(scripted_server):
+    """No </think> before the section: SGLang ends the reasoning there and still returns the calls;
+    ids are functions.NAME:K with K counted over the request's history (the model's :0 is ignored)."""
+    url, _ = scripted_server(script={"open a.py": CALL_TEXT})
+    history = [{"role": "user", "content": "start"},
+               {"role": "assistant", "content": "", "tool_calls": [
+                   {"id": "functions.read_file:0", "type": "function",
+                    "function": {"name": "read_file", "arguments": "{\"path\": \"b.py\"}"}}]},
+               {"role": "tool", "tool_call_id": "functions.read_file:0", "content": "b"},
+               {"role": "user", "content": "open a.py"}]
+    for stream in (True, False):
+        res = _chat(url, messages=history, max_tokens=200, tools=[TOOL], stream=stream)
+        assert res.ok, res.error
+        assert res.reasoning == "Reading." and res.content == ""
+        (call,) = res.tool_calls
+        assert call["id"] == "functions.read_file:1" and res.finish_reason == "tool_calls"
+
+
 def test_without_tools_the_section_is_not_parsed_into_calls(scripted_server):
     url, _ = scripted_server(script={"open a.py": CALL_TEXT})
     for stream in (True, False):
-        res = _chat(url, messages=[{"role": "user", "content": "open a.py"}], max_tokens=200, stream=stream)
+        res = _chat(url, messages=[{"role": "user", "content": "open a.py"}], max_tokens=200, stream=stream,
+                    extra=THINKING_OFF)
         assert res.tool_calls == [] and res.finish_reason == "stop"
         assert res.content == CALL_TEXT
 
 
-def test_reasoning_content(scripted_server):
+def test_reasoning_content_keeps_the_newline_after_think(scripted_server):
     url, _ = scripted_server(script={"think": "<think>let me see</think>\nDone."})
-    res = _chat(url, messages=[{"role": "user", "content": "think"}], max_tokens=100)
-    assert res.reasoning == "let me see" and res.content == "Done."
+    for stream in (True, False):
+        res = _chat(url, messages=[{"role": "user", "content": "think"}], max_tokens=100, stream=stream)
+        assert res.reasoning == "let me see" and res.content == "\nDone."
 
 
 def test_native_generate_returns_ids_and_logprobs(scripted_server):

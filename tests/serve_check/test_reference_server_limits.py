@@ -139,9 +139,11 @@ def _stream_until_first_chunk(url: str, body: dict) -> tuple[socket.socket, byte
     sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                  + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
     seen = b""
-    while b'"content": "' not in seen.replace(b'"content": ""', b""):
+    deadline = time.monotonic() + 60
+    while b'"reasoning_content": "' not in seen and b'"content": "' not in seen.replace(b'"content": ""', b""):
         chunk = sock.recv(4096)
         assert chunk, "server closed the stream"
+        assert time.monotonic() < deadline, "no token streamed within 60 s"
         seen += chunk
     return sock, seen
 

@@ -156,3 +156,11 @@ def test_bad_compare_profile_fails_before_any_work(scripted_server, tmp_path):
     with pytest.raises(KimiNvfp4Error, match="unknown serving profile 'b200-tp3'"):
         run_serve_check(tmp_path, url=url, report_dir=tmp_path / "r", compare="b200-tp3", progress=False)
     assert engine.prefix_cache.stats.lookups == 0
+
+
+def test_markdown_table_cells_escape_pipes():
+    from kimi_nvfp4.serve_check.report import _cell
+
+    # the gate "mean |Δlogprob| vs emulator (nats)" used to split its row into extra cells
+    assert _cell("mean |Δlogprob| vs emulator") == "mean \\|Δlogprob\\| vs emulator"
+    assert _cell("line one\nline two") == "line one line two"
