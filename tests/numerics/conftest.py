@@ -25,3 +25,16 @@ def int4_pair() -> tuple[Int4Matrix, Int4Matrix]:
     up = realistic_int4(32, 256, seed=2)
     up = Int4Matrix(up.codes, (up.group_scale * 3).to(torch.bfloat16).to(torch.float32))
     return gate, up
+
+
+def heavy_tailed_rows(
+    tokens: int, width: int, seed: int = 0, outliers: int = 4, outlier_gain: float = 30.0, rank: int = 8
+) -> torch.Tensor:
+    """Activation rows `[tokens, width]` like an MoE expert's inputs: correlated channels (a low-rank common part),
+    log-normal channel scales with a few outlier channels `outlier_gain` times larger, per-token scale spread."""
+    gen = torch.Generator().manual_seed(seed)
+    channel = torch.exp(torch.randn(width, generator=gen) * 0.5)
+    channel[torch.randperm(width, generator=gen)[:outliers]] *= outlier_gain
+    mixing = torch.randn(rank, width, generator=gen) / rank**0.5
+    x = torch.randn(tokens, width, generator=gen) + torch.randn(tokens, rank, generator=gen) @ mixing
+    return x * channel * torch.exp(torch.randn(tokens, 1, generator=gen) * 0.3)

@@ -49,6 +49,14 @@ def test_names_default_and_weight_only_methods():
         method_spec("fp8-sweep")
 
 
+def test_output_aware_methods_are_registered_with_their_statistics():
+    act_diag, gptq = method_spec("act-diag"), method_spec("gptq")
+    assert act_diag.statistics is StatisticsNeed.DIAGONAL and gptq.statistics is StatisticsNeed.HESSIAN
+    for spec in (act_diag, gptq):
+        assert spec.refine is not None and spec.search is method_spec("int4-aware").search
+        assert ScaleMethod(spec.name) not in weight_only_methods()
+
+
 def test_a_spec_pairs_statistics_with_a_refinement():
     search = BlockSearch(None)
     with pytest.raises(ValueError):

@@ -1,0 +1,141 @@
+"""What calibration records at an expert linear's input, for the output-aware scale methods.
+
+An expert linear `y = x W^T` is evaluated on the rows `x` routed to it. Its output error for a quantized `Q` is
+`||X (W - Q)^T||^2 / n = tr((W - Q) H (W - Q)^T)` with `H = X^T X / n`, the input Hessian; its diagonal,
+`E[x_j^2]` per input channel, gives the diagonal approximation `sum_j E[x_j^2] * ||W[:, j] - Q[:, j]||^2`.
+gate and up read the same rows (one `ExpertInputStats` for both); down reads the expert's intermediate.
+
+Calibration produces these with `InputStatsAccumulator` (one per expert linear input, `add(rows)` per batch of
+routed rows); nothing here reads a checkpoint.
+
+A dense H estimated from n rows of width p is noisy when n is not much larger than p (its small eigenvalues, the
+ones GPTQ inverts, are the noisiest), so dense statistics also keep two fourth moments, from which
+`hessian_shrinkage` estimates how far to pull H toward its diagonal (Ledoit and Wolf, "A well-conditioned
+estimator for large-dimensional covariance matrices", 2004, with the diagonal target of Schaefer and Strimmer,
+2005): lambda = sum_{i != j} Var(H_ij) / sum_{i != j} H_ij**2, with sum_{i != j} Var(H_ij) =
+(E||x||^4 - E sum_j x_j^4 - sum_{i != j} H_ij**2) / (n - 1), clamped to [0, 1].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["ExpertInputStats", "InputStatsAccumulator"]
+
+
+@dataclass
+class ExpertInputStats:
+    """Statistics of the rows one expert linear saw in calibration.
+
+    :param tokens: rows seen (routed tokens).
+    :param channel_energy: float64 `[in]`, mean of `x_j**2` over the rows.
+    :param hessian: float64 `[in, in]`, `X^T X / tokens`, or None where only the diagonal was kept.
+    :param mean_norm_fourth: mean of `||x||**4` over the rows (dense statistics; None if not kept).
+    :param mean_fourth_power: mean of `sum_j x_j**4` over the rows (as above).
+    """
+
+    tokens: int
+    channel_energy: torch.Tensor
+    hessian: torch.Tensor | None = None
+    mean_norm_fourth: float | None = None
+    mean_fourth_power: float | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.tokens, bool) or not isinstance(self.tokens, int) or self.tokens < 0:
+            raise ValueError(f"ExpertInputStats.tokens must be a non-negative int, got {self.tokens!r}")
+        if self.channel_energy.ndim != 1 or not self.channel_energy.is_floating_point():
+            raise ValueError(f"channel_energy must be a 1-d float tensor, got {tuple(self.channel_energy.shape)}")
+        self.channel_energy = self.channel_energy.to(torch.float64)
+        if not bool(torch.isfinite(self.channel_energy).all()) or bool((self.channel_energy < 0).any()):
+            raise ValueError("channel_energy must be finite and non-negative")
+        if self.hessian is not None:
+            expected = (self.in_features, self.in_features)
+            if tuple(self.hessian.shape) != expected or not self.hessian.is_floating_point():
+                raise ValueError(f"hessian must be a float tensor of shape {expected}, got {tuple(self.hessian.shape)}")
+            self.hessian = self.hessian.to(torch.float64)
+            if not bool(torch.isfinite(self.hessian).all()):
+                raise ValueError("hessian must be finite")
+
+    @property
+    def in_features(self) -> int:
+        return self.channel_energy.shape[0]
+
+    def diagonal(self) -> ExpertInputStats:
+        """The same statistics without the dense Hessian."""
+        return ExpertInputStats(self.tokens, self.channel_energy)
+
+    def to(self, device: torch.device | str) -> ExpertInputStats:
+        hessian = None if self.hessian is None else self.hessian.to(device)
+        return ExpertInputStats(
+            self.tokens, self.channel_energy.to(device), hessian, self.mean_norm_fourth, self.mean_fourth_power
+        )
+
+    def hessian_shrinkage(self) -> float:
+        """The weight of diag(H) in the shrunk Hessian `(1 - lambda) H + lambda diag(H)` (module docstring): 0 when
+        the fourth moments are unknown (H taken as is), 1 when H's off-diagonal part is indistinguishable from noise."""
+        if self.hessian is None or self.mean_norm_fourth is None or self.mean_fourth_power is None or self.tokens < 2:
+            return 0.0
+        diagonal = self.hessian.diagonal()
+        off_diagonal = float(self.hessian.square().sum() - diagonal.square().sum())
+        if off_diagonal <= 0:
+            return 1.0
+        noise = (self.mean_norm_fourth - self.mean_fourth_power - off_diagonal) / (self.tokens - 1)
+        return min(1.0, max(0.0, noise / off_diagonal))
+
+    @classmethod
+    def pooled(cls, stats: Sequence[ExpertInputStats]) -> ExpertInputStats:
+        """Statistics of all the rows together (token-weighted means); dense only if every part is."""
+        if not stats:
+            raise ValueError("nothing to pool")
+        tokens = sum(s.tokens for s in stats)
+        weight = [s.tokens / tokens if tokens else 1.0 / len(stats) for s in stats]
+        energy = sum(w * s.channel_energy for w, s in zip(weight, stats))
+        dense = all(s.hessian is not None for s in stats)
+        hessian = sum(w * s.hessian for w, s in zip(weight, stats)) if dense else None
+        moments = [None, None]
+        if dense and all(s.mean_norm_fourth is not None and s.mean_fourth_power is not None for s in stats):
+            moments = [sum(w * s.mean_norm_fourth for w, s in zip(weight, stats)),
+                       sum(w * s.mean_fourth_power for w, s in zip(weight, stats))]
+        return cls(tokens, energy, hessian, *moments)
+
+
+class InputStatsAccumulator:
+    """Running sums over the rows one expert linear reads; `stats()` turns them into `ExpertInputStats`.
+
+    :param in_features: width of the rows.
+    :param dense: also accumulate `X^T X` (`[in, in]`; 205 MB in float32 for K2.6's 7168-wide gate/up input).
+    :param dtype: of the sums (float64 by default; float32 halves the memory of dense sums on a GPU).
+    """
+
+    def __init__(
+        self, in_features: int, *, dense: bool, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float64
+    ):
+        self.tokens = 0
+        self.sum_squares = torch.zeros(in_features, dtype=dtype, device=device)
+        self.sum_outer = torch.zeros((in_features, in_features), dtype=dtype, device=device) if dense else None
+        # sum of ||x||**4 and of sum_j x_j**4 (dense only: `ExpertInputStats.hessian_shrinkage`)
+        self.sum_fourth = torch.zeros(2, dtype=torch.float64, device=device)
+
+    def add(self, rows: torch.Tensor) -> None:
+        """Add activation rows `[..., in]` (any float dtype; flattened to `[n, in]`)."""
+        if rows.shape[-1] != self.sum_squares.shape[0]:
+            raise ValueError(f"rows of width {rows.shape[-1]}, expected {self.sum_squares.shape[0]}")
+        x = rows.reshape(-1, rows.shape[-1]).to(device=self.sum_squares.device, dtype=self.sum_squares.dtype)
+        self.tokens += x.shape[0]
+        squares = x * x
+        self.sum_squares += squares.sum(dim=0)
+        if self.sum_outer is not None:
+            self.sum_outer += x.t() @ x
+            norms = squares.sum(dim=1, dtype=torch.float64)
+            self.sum_fourth += torch.stack([norms.square().sum(), squares.double().square().sum()])
+
+    def stats(self) -> ExpertInputStats:
+        """The means so far (zero energy and no Hessian before any row)."""
+        scale = 1.0 / self.tokens if self.tokens else 0.0
+        if self.sum_outer is None or not self.tokens:
+            return ExpertInputStats(self.tokens, self.sum_squares * scale)
+        norm_fourth, fourth_power = (self.sum_fourth * scale).tolist()
+        return ExpertInputStats(self.tokens, self.sum_squares * scale, self.sum_outer * scale, norm_fourth, fourth_power)
