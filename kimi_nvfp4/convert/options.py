@@ -16,7 +16,7 @@ KV_CACHE_CHOICES = ("FP8", "none")
 
 
 class ConvertOptions(StageOptions):
-    method: ScaleMethod = Field(DEFAULT_METHOD, description="How NVFP4 scales are chosen for each INT4 expert matrix.")
+    method: Annotated[ScaleMethod, Cli(choices=tuple(m.value for m in weight_only_methods()))] = Field(DEFAULT_METHOD, description="How NVFP4 scales are chosen for each INT4 expert matrix.")
     # A str, not a Literal: another device is refused by `resolve_device` as a DeviceError (exit 5).
     device: Annotated[str, Cli(choices=DEVICES)] = Field(
         "auto", description="Where experts are quantized; CPU and CUDA write identical bytes.")
