@@ -43,15 +43,15 @@ INJECTION_POINTS = {
     "serve-reference": ("kimi_nvfp4.serve_check.engine.EmulatorEngine", ["{d}"]),
     "publish": ("kimi_nvfp4.publish.api.publish_checkpoint", ["{d}", "me/model"]),
     # run and demo: the bug is inside a stage (convert), which the pipeline reports with the same code
-    "run": ("kimi_nvfp4.convert.convert_checkpoint", ["{d}/src", "{d}/out"]),
-    "demo": ("kimi_nvfp4.convert.convert_checkpoint", ["{d}/demo"]),
+    "run": ("kimi_nvfp4.pipeline.stages.convert.convert_checkpoint", ["{d}/src", "{d}/out"]),
+    "demo": ("kimi_nvfp4.pipeline.stages.convert.convert_checkpoint", ["{d}/demo"]),
     "build-demo-model": ("kimi_nvfp4.demo_model.build.build_demo_model", ["{d}/demo_model"]),
     "data": ("kimi_nvfp4.data.agent_sessions.generate_agent_sessions", ["sessions", "--out", "{d}/s.jsonl"]),
 }
 
 
 def test_every_command_has_an_injection_point():
-    assert set(INJECTION_POINTS) == set(COMMANDS)
+    assert set(INJECTION_POINTS) == {c.name for c in COMMANDS}
 
 
 def _exit_code(argv) -> int:
