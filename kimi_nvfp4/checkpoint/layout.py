@@ -70,6 +70,9 @@ class CheckpointLayout:
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "CheckpointLayout":
         archs = config.get("architectures") or []
+        if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+            raise UnsupportedCheckpointError(f"architectures is {archs!r}; expected a list of class names",
+                                             file="config.json")
         if "KimiK25ForConditionalGeneration" in archs or config.get("model_type") == "kimi_k25":
             text = config.get("text_config")
             if not isinstance(text, dict):

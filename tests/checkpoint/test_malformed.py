@@ -199,6 +199,13 @@ def test_hidden_size_of_the_wrong_type(src, tmp_path, capsys, value, shown):
     refused_before_output(capsys, src, tmp_path, "config.json", f"hidden_size is {shown}; expected int")
 
 
+def test_architectures_that_is_not_a_list_of_names(src, tmp_path, capsys):
+    config = json.loads((src / "config.json").read_text())
+    config["architectures"] = 5
+    (src / "config.json").write_text(json.dumps(config))
+    refused_before_output(capsys, src, tmp_path, "config.json", "architectures is 5; expected a list")
+
+
 def test_invalid_json_from_the_hub(src, tmp_path, capsys, monkeypatch):
     """A Hub download (or a mirror answering with an HTML page) whose config.json is not JSON."""
     import huggingface_hub
