@@ -75,7 +75,7 @@ class GenerationRunner:
     def _generate_blocking(self, prompt_ids: list[int], params: SamplingParams, emit: Callable[[str], None] | None,
                            cancelled: threading.Event) -> Generated:
         """On the engine thread: generate, emitting text deltas; stop at the next token once cancelled."""
-        stream = self.engine.start(list(prompt_ids), params)
+        stream = self.engine.start(list(prompt_ids), params, should_stop=cancelled.is_set)
         out = Generated(prompt_tokens=len(prompt_ids), cached_tokens=stream.cached_tokens)
         emitted = ""
         text_ids: list[int] = []  # output minus a final stop token (SGLang leaves it out of the text)
@@ -93,6 +93,8 @@ class GenerationRunner:
             if cancelled.is_set():
                 stream.finish_reason = "abort"  # SGLang's finish reason for an aborted request
                 break
+        if cancelled.is_set():
+            stream.finish_reason = "abort"
         out.finish_reason = stream.finish_reason
         out.text = self.engine.decode(text_ids)
         if emit is not None and len(out.text) > len(emitted):
