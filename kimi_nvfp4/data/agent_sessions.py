@@ -7,6 +7,10 @@ from searching the tree, file contents read from disk, patches computed on the r
 test output from actually compiling/doctesting the patched copy in a sandboxed child process
 (sandbox_checks). Context grows turn by turn, like Modal's workload (SPEC §5).
 
+Session i starts with the i-th (file, function) of a seeded order (no two sessions share their
+first request), and half the sessions' clients send tool results with the tool's `name` (both
+forms real clients send; Kimi's template renders the name as the role).
+
 What is synthetic: the wording of user requests, thinking text and final answers (templated
 around the real facts). That is the part a quantizer's activations care least about; the long,
 tool-heavy contexts are what calibration and validation need.
@@ -44,6 +48,9 @@ SECOND_READ_PROB = 0.35
 EXPLAIN_RUNS_TESTS_PROB = 0.5
 # Concurrent sandbox checks (each one a short-lived child Python).
 MAX_CHECK_WORKERS = 8
+# Chance that a session's client sends tool results with a `name` (OpenAI allows it; Kimi's template
+# then renders `<|im_system|>NAME<|im_middle|>` instead of `<|im_system|>tool<|im_middle|>`).
+NAMED_TOOL_RESULT_PROB = 0.5
 _RNG_NAMESPACE = "kimi-nvfp4-agent-sessions"
 
 TOOLS: list[dict[str, Any]] = [
@@ -90,6 +97,7 @@ class _Session:
     execute: bool
     timeout_s: float
     messages: list[dict[str, Any]] = field(default_factory=list)
+    named_results: bool = False  # this client sends `name` with tool results
     call_index: int = 0
     edited: dict[str, str] = field(default_factory=dict)  # rel -> patched text (the sandbox working copy)
     seen_files: list[str] = field(default_factory=list)
@@ -121,9 +129,11 @@ class _Session:
         return ids
 
     def result(self, call_id: str, content: str) -> dict[str, Any]:
-        # No `name`: Kimi's template renders a named message as `<|im_system|>NAME<|im_middle|>`, and
-        # agent clients (OpenAI SDK) send tool results as {role: tool, tool_call_id, content}.
+        # Both forms clients send: {role: tool, tool_call_id, content} (OpenAI SDK agents), and the
+        # same with the tool's `name`, which Kimi's templates render as `<|im_system|>NAME<|im_middle|>`.
         message = {"role": "tool", "tool_call_id": call_id, "content": content}
+        if self.named_results:
+            message["name"] = call_id.removeprefix("functions.").rsplit(":", 1)[0]
         self.messages.append(message)
         return message
 
@@ -147,10 +157,16 @@ def _task_functions(file: SourceFile, used: set[str]) -> list[FunctionInfo]:
     return named or fresh
 
 
-def _pick_task(file: SourceFile, rng: random.Random, used: set[str]) -> tuple[FunctionInfo, TaskKind]:
-    functions = _task_functions(file, used) or file.functions
+def _guardable(func: FunctionInfo) -> bool:
+    return bool(func.params) and func.body_lineno > func.lineno
+
+
+def _pick_task(file: SourceFile, rng: random.Random, used: set[str],
+               func: FunctionInfo | None = None) -> tuple[FunctionInfo, TaskKind]:
+    """A task about `func`, or about a function of `file` chosen here."""
+    functions = [func] if func is not None else (_task_functions(file, used) or file.functions)
     undocumented = [f for f in functions if not f.has_docstring]
-    guardable = [f for f in functions if f.params and f.body_lineno > f.lineno]
+    guardable = [f for f in functions if _guardable(f)]
     choices = [TaskKind.EXPLAIN]
     if undocumented:
         choices.append(TaskKind.DOCUMENT)
@@ -234,12 +250,13 @@ def _test_fact(check: CheckOutput) -> str:
     return ("Tests pass" if check.passed else "Tests FAIL") + (f" ({last})" if last else "") + "."
 
 
-def _turn(s: _Session, file: SourceFile, first: bool) -> None:
-    """One user request and the agent's tool loop answering it."""
+def _turn(s: _Session, file: SourceFile, first: bool, qualname: str | None = None) -> None:
+    """One user request and the agent's tool loop answering it (about `qualname` when given)."""
     rel = file.rel
     # Line numbers must match the working copy, so pick functions from the (maybe patched) text.
     current = SourceFile(rel, s.text_of(rel))
-    func, kind = _pick_task(current, s.rng, s.used_functions)
+    chosen = next((f for f in current.functions if f.qualname == qualname), None) if qualname else None
+    func, kind = _pick_task(current, s.rng, s.used_functions, chosen)
     s.used_functions.add(f"{rel}::{func.qualname}")
     s.messages.append({"role": "user", "content": _user_request(kind, func, rel, s.rng, first)})
 
@@ -305,6 +322,18 @@ def _turn(s: _Session, file: SourceFile, first: bool) -> None:
         s.later(final, lambda: " ".join([*facts, _test_fact(checked.result())]))
 
 
+def _session_starts(start_files: list[SourceFile], seed: int) -> list[tuple[SourceFile, str]]:
+    """Every (file, function) a session can start with, in a seeded order that does not depend on n.
+
+    Session i starts with entry i (modulo the count): no two sessions of a generate call share
+    their first request unless there are more sessions than functions. Sessions that began alike
+    would share a long prefix, and their windows could turn up on both sides of the held-out split.
+    """
+    starts = [(f, fn.qualname) for f in start_files for fn in (_task_functions(f, set()) or f.functions)]
+    random.Random(f"{_RNG_NAMESPACE}:{seed}:starts").shuffle(starts)
+    return starts
+
+
 def _system_prompt(tree: SourceTree) -> str:
     return (f"You are a coding agent working in the repository `{tree.name}`. Use the tools to search, read "
             "files, apply patches and run tests. Ground every answer in tool output and keep it short.")
@@ -333,17 +362,20 @@ def generate_agent_sessions(source_tree: str | Path | SourceTree | None = None, 
     workers = workers or min(MAX_CHECK_WORKERS, os.cpu_count() or 1)
     check_cache: dict[tuple[str, str], Future[CheckOutput]] = {}
     start_files = [f for f in tree.task_files if any(not _is_dunder(fn) for fn in f.functions)] or tree.task_files
+    starts = _session_starts(start_files, seed)
     planned: list[_Session] = []
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="session-checks") as pool:
         for index in range(n):
             rng = random.Random(f"{_RNG_NAMESPACE}:{seed}:{index}")
             s = _Session(tree, rng, thinking_prob, max_read_lines, execute, test_timeout_s, pool=pool,
                          check_cache=check_cache)
+            # its own stream, so the choice does not move any other
+            s.named_results = random.Random(f"{_RNG_NAMESPACE}:{seed}:{index}:names").random() < NAMED_TOOL_RESULT_PROB
             s.messages.append({"role": "system", "content": _system_prompt(tree)})
-            file = rng.choice(start_files)
+            file, first_function = starts[index % len(starts)]
             turns = rng.randint(min(2, max_turns), max_turns)
             for turn in range(turns):
-                _turn(s, file, first=turn == 0)
+                _turn(s, file, first=turn == 0, qualname=first_function if turn == 0 else None)
                 # follow-up: stay in the file while it has fresh functions, or move to a file already read
                 candidates = [r for r in s.seen_files if _task_functions(tree.get(r), s.used_functions)]
                 stay = file.rel in candidates and rng.random() < 0.5

@@ -48,10 +48,14 @@ def sessions_command(tree: Path | None, out: Path, n: int, seed: int, max_turns:
               help="Checkpoint folder whose tokenizer and chat template render the sessions.")
 @click.option("--seq-len", type=click.IntRange(min=1), default=2048, show_default=True)
 @click.option("--heldout-fraction", type=click.FloatRange(0, 1), default=0.2, show_default=True)
+@click.option("--preserve-thinking", is_flag=True,
+              help="Render prompts with every turn's reasoning (K2.6's preserve_thinking); default: as served.")
 @click.option("--json-out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the statistics as JSON here.")
-def stats_command(data: str, checkpoint: Path, seq_len: int, heldout_fraction: float, json_out: Path | None) -> None:
-    """Load --data, split calibration/held-out, render with the checkpoint's template; print token counts."""
+def stats_command(data: str, checkpoint: Path, seq_len: int, heldout_fraction: float, preserve_thinking: bool,
+                  json_out: Path | None) -> None:
+    """Load --data, split calibration/held-out, render each part's served requests with the checkpoint's
+    template into distinct windows (held-out disjoint from calibration); print token counts."""
     from .loaders import load_data_spec
     from .render import render_sessions_with_stats, split_heldout
     from .tokenizer import load_tokenizer
@@ -64,8 +68,11 @@ def stats_command(data: str, checkpoint: Path, seq_len: int, heldout_fraction: f
         "sources": [{"source": r.source, "conversations": len(r.conversations), "skipped": r.skipped,
                      "errors": r.errors[:5]} for r in results],
         "seq_len": seq_len,
-        "calibration": render_sessions_with_stats(calibration, tokenizer, seq_len).stats.to_dict(),
-        "heldout": render_sessions_with_stats(heldout, tokenizer, seq_len).stats.to_dict(),
+        "preserve_thinking": preserve_thinking,
+        "calibration": render_sessions_with_stats(calibration, tokenizer, seq_len,
+                                                  preserve_thinking=preserve_thinking).stats.to_dict(),
+        "heldout": render_sessions_with_stats(heldout, tokenizer, seq_len, preserve_thinking=preserve_thinking,
+                                              exclude=calibration).stats.to_dict(),
     }
     text = json.dumps(report, indent=2)
     if json_out is not None:

@@ -118,9 +118,13 @@ def agent_sessions(files: Sequence[SourceFile], n: int, seed: int) -> list[list[
 
 
 def render_agent_sessions(files: Sequence[SourceFile], n: int, seed: int) -> list[str]:
-    """Sessions rendered as the model sees them (tools declared only where a tool is called)."""
+    """Sessions rendered for training (tools declared only where a tool is called).
+
+    `preserve_thinking=True`: the model learns every turn's reasoning, as a supervised example of a
+    whole session keeps it (a served prompt drops the reasoning of finished turns instead).
+    """
     out = []
     for messages in agent_sessions(files, n, seed):
         uses_tools = any(m.get("tool_calls") for m in messages)
-        out.append(render_chat(messages, AGENT_TOOLS if uses_tools else None))
+        out.append(render_chat(messages, AGENT_TOOLS if uses_tools else None, preserve_thinking=True))
     return out

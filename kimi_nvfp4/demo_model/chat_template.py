@@ -6,10 +6,15 @@ Structure follows Moonshot's `chat_template.jinja` for Kimi K2 / K2.5 (docs/form
 - assistant:    `<|im_assistant|>assistant<|im_middle|><think>…</think>content`, then tool calls as
                 `<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>
                 {json}<|tool_call_end|>…<|tool_calls_section_end|>`, then `<|im_end|>`
-- tool result:  `<|im_system|>tool<|im_middle|>## Return of functions.NAME:IDX\n…<|im_end|>`
-Reasoning is kept only for assistant turns after the last user message (older turns render an
-empty `<think></think>`), as Kimi's thinking models do; the generation prompt opens `<think>`
-unless `thinking=False`. `tojson` is used without arguments so any jinja2 environment renders it.
+- tool result:  `<|im_system|>{name or "tool"}<|im_middle|>## Return of functions.NAME:IDX\n…<|im_end|>`
+  (a tool message's `name` replaces the role, as in every message of Kimi's templates)
+History rule, Kimi K2-Thinking's / K2.5's: the messages up to and including the last assistant
+message without tool calls are history, and history assistant turns render an empty
+`<think></think>`; assistant turns after it (the tool-call loop still running) keep their
+`reasoning_content`. So a whole finished session renders no reasoning at all; the prompt of a
+request made inside a tool loop shows that loop's reasoning. `preserve_thinking=True` (K2.6's
+template variable) keeps every turn's reasoning. The generation prompt opens `<think>` unless
+`thinking=False` (K2.5/K2.6). `tojson` is used without arguments so any jinja2 environment renders it.
 """
 
 from __future__ import annotations
@@ -28,9 +33,14 @@ KIMI_CHAT_TEMPLATE = (
     "{%- endif -%}"
     "{%- endmacro -%}"
     "{%- set enable_thinking = thinking if thinking is defined else true -%}"
-    "{%- set ns = namespace(last_user=-1) -%}"
-    "{%- for m in messages -%}{%- if m['role'] == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}"
+    "{%- set ns = namespace(last_non_tool_call_assistant=-1) -%}"
+    "{%- if not preserve_thinking -%}"
+    "{%- for m in messages -%}"
+    "{%- if m['role'] == 'assistant' and not m.get('tool_calls') -%}"
+    "{%- set ns.last_non_tool_call_assistant = loop.index0 -%}"
+    "{%- endif -%}"
     "{%- endfor -%}"
+    "{%- endif -%}"
     "{%- if tools -%}<|im_system|>tool_declare<|im_middle|>{{ tools | tojson }}<|im_end|>{%- endif -%}"
     "{%- for message in messages -%}"
     "{%- if loop.first and message['role'] != 'system' -%}"
@@ -42,7 +52,7 @@ KIMI_CHAT_TEMPLATE = (
     "{%- else -%}<|im_system|>{{ role_name }}<|im_middle|>"
     "{%- endif -%}"
     "{%- if message['role'] == 'assistant' -%}"
-    "{%- if loop.index0 > ns.last_user and message.get('reasoning_content') -%}"
+    "{%- if loop.index0 > ns.last_non_tool_call_assistant and message.get('reasoning_content') -%}"
     "<think>{{ message['reasoning_content'] }}</think>"
     "{%- else -%}<think></think>"
     "{%- endif -%}"
@@ -80,14 +90,19 @@ def render_chat(
     *,
     add_generation_prompt: bool = False,
     thinking: bool = True,
+    preserve_thinking: bool = False,
     template: str = KIMI_CHAT_TEMPLATE,
 ) -> str:
-    """Render OpenAI-format messages with the Kimi template in a jinja2 sandbox."""
+    """Render OpenAI-format messages with the Kimi template in a jinja2 sandbox.
+
+    `preserve_thinking=True` keeps the reasoning of every assistant turn (what a training corpus
+    wants); False renders what a served request's prompt holds.
+    """
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.filters["tojson"] = _tojson
     return env.from_string(template).render(
         messages=list(messages), tools=list(tools) if tools else None,
-        add_generation_prompt=add_generation_prompt, thinking=thinking,
+        add_generation_prompt=add_generation_prompt, thinking=thinking, preserve_thinking=preserve_thinking,
     )

@@ -1,8 +1,8 @@
 """serve_check: launch SGLang (or attach to a server), load it like coding agents do, smoke-test quality.
 
 Public API (imported lazily so `from kimi_nvfp4.serve_check.profiles import ...` stays light):
-`run_serve_check`, `ServeCheckReport`, `LoadConfig`, `QualityConfig`, `Gates`, `ReferenceServer`,
-`EmulatorEngine`. See docs/serve_check.md.
+`run_serve_check`, `ServeCheckReport`, `CheckKind`, `LoadConfig`, `LoadTooLarge`, `QualityConfig`,
+`Gates`, `ReferenceServer`, `EmulatorEngine`. See docs/serve_check.md.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ _EXPORTS = {
     "QualityConfig": "report",
     "Gates": "report",
     "LoadConfig": "workload",
+    "LoadTooLarge": "workload",
+    "CheckKind": "report",
     "ReferenceServer": "reference_server",
     "EmulatorEngine": "engine",
 }

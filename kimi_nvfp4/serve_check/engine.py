@@ -8,7 +8,7 @@ wrote it, and the checkpoint's own tokenizer and chat template (never its Python
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -18,6 +18,10 @@ import torch
 from .prefix_cache import PrefixCache
 
 DEFAULT_PREFIX_CACHE_TOKENS = 1 << 20
+# Prompt tokens per forward call (SGLang's --chunked-prefill-size idea): the logits and attention
+# scores of one call grow with its length (a 200k-token prompt in one call took gigabytes), and a
+# request can be stopped between chunks.
+PREFILL_CHUNK_TOKENS = 2048
 # DeepSeek-V3/K2 configs always name max_position_embeddings; this is for hand-made ones.
 DEFAULT_CONTEXT_LENGTH = 4096
 GENERATION_CONFIG_FILE = "generation_config.json"
@@ -67,7 +71,8 @@ class GenerationEngine(Protocol):
 
     def decode(self, ids: list[int]) -> str: ...
 
-    def start(self, prompt_ids: list[int], params: SamplingParams) -> EngineStream: ...
+    def start(self, prompt_ids: list[int], params: SamplingParams,
+              should_stop: Callable[[], bool] | None = None) -> EngineStream: ...
 
     @property
     def prefix_cache(self) -> PrefixCache | None: ...
@@ -156,20 +161,27 @@ class EmulatorEngine:
         logits, cache = self.model.forward(torch.tensor(ids, dtype=torch.long), cache=cache)
         return logits.reshape(-1, logits.shape[-1])[-1], cache
 
-    def start(self, prompt_ids: list[int], params: SamplingParams) -> EngineStream:
+    def start(self, prompt_ids: list[int], params: SamplingParams,
+              should_stop: Callable[[], bool] | None = None) -> EngineStream:
+        """A generation; `should_stop` is asked between prefill chunks (the caller asks between tokens)."""
         if not prompt_ids:
             raise ValueError("empty prompt")
         # at least one prompt token must run through the model to produce the first logits
         matched, cache = self._cache.match(prompt_ids, max_match=len(prompt_ids) - 1)
         stream = EngineStream(cached_tokens=matched, tokens=iter(()))
-        stream.tokens = self._run(prompt_ids, matched, cache, params, stream)
+        stream.tokens = self._run(prompt_ids, matched, cache, params, stream, should_stop or (lambda: False))
         return stream
 
-    def _run(self, prompt_ids, matched, cache, params: SamplingParams, stream: EngineStream) -> Iterator[TokenEvent]:
+    def _run(self, prompt_ids, matched, cache, params: SamplingParams, stream: EngineStream,
+             should_stop: Callable[[], bool]) -> Iterator[TokenEvent]:
         generator = None
         if params.temperature > 0.0:
             generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
-        logits, cache = self._forward(list(prompt_ids[matched:]), cache)
+        for start in range(matched, len(prompt_ids), PREFILL_CHUNK_TOKENS):
+            if should_stop():
+                stream.finish_reason = "abort"
+                return
+            logits, cache = self._forward(list(prompt_ids[start:start + PREFILL_CHUNK_TOKENS]), cache)
         # K2Model.forward never mutates a cache it was given, so the snapshot can be shared
         self._cache.insert(prompt_ids, cache)
         out: list[int] = stream.output_ids

@@ -24,8 +24,6 @@ import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from concurrent.futures import Future
-from dataclasses import dataclass, field
 
 from aiohttp import web
 
@@ -33,6 +31,7 @@ from .. import __version__
 from ..errors import KimiNvfp4Error
 from .engine import GenerationEngine, SamplingParams
 from .engine_worker import DEFAULT_MAX_PENDING, EngineWorker, RequestCancelled
+from .generation_jobs import ClientGone, Generated, GenerationRunner
 from .kimi_parsers import StreamSplitter, history_tool_calls, parse_tool_calls, reasoning_forced, split_reasoning
 from .launcher import ServerLaunchError
 from .server_requests import (BadRequest, ServerBusy, parse_chat_request, parse_generate_request,
@@ -40,50 +39,10 @@ from .server_requests import (BadRequest, ServerBusy, parse_chat_request, parse_
 
 HEALTH_MAX_TOKENS = 1
 READY_TIMEOUT_S = 60.0
-REPLACEMENT_CHAR = "\ufffd"  # a partial UTF-8 sequence: wait for the next token before emitting
-# How often a waiting request looks whether its client is still connected.
-DISCONNECT_POLL_S = 0.2
 # After SIGTERM/SIGINT: how long open connections get to finish (their requests stop at the next token).
 SHUTDOWN_GRACE_S = 5.0
 # 100k-token prompts are megabytes of JSON.
 MAX_BODY_BYTES = 256 * 1024 * 1024
-
-
-@dataclass
-class _Generated:
-    """What the engine thread produced for one request."""
-
-    prompt_tokens: int
-    cached_tokens: int = 0
-    output_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    token_texts: list[str] = field(default_factory=list)
-    text: str = ""
-    finish_reason: str = "length"
-
-
-class _ClientGone(Exception):
-    pass
-
-
-@dataclass
-class _Job:
-    """One admitted generation as the event loop follows it."""
-
-    wake: asyncio.Event
-    deltas: list[str] = field(default_factory=list)
-    cfut: Future | None = None
-    fut: asyncio.Future | None = None
-    cancelled: threading.Event | None = None
-
-    def cancel(self) -> None:
-        self.cancelled.set()
-        self.cfut.cancel()  # still waiting: never starts
-
-
-def _client_gone(request: web.Request) -> bool:
-    transport = request.transport
-    return transport is None or transport.is_closing()
 
 
 class ReferenceApp:
@@ -98,10 +57,9 @@ class ReferenceApp:
                  max_new_tokens_limit: int | None = None):
         self.engine = engine
         self.max_new_tokens_limit = max_new_tokens_limit
-        self.worker = EngineWorker("engine", max_pending)
+        self.runner = GenerationRunner(engine, max_pending)
         # templates render in their own thread: the event loop stays free while one runs to its budget
         self.renderer = EngineWorker("render", max_pending)
-        self.requests_served = 0
 
     def build(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY_BYTES)
@@ -120,36 +78,8 @@ class ReferenceApp:
 
     def stop(self) -> None:
         """Stop every request at its next token and refuse new ones."""
-        self.worker.stop()
+        self.runner.stop()
         self.renderer.stop()
-
-    # --- engine thread ------------------------------------------------------------------------
-    def _generate_blocking(self, prompt_ids: list[int], params: SamplingParams, emit: Callable[[str], None] | None,
-                           cancelled: threading.Event) -> _Generated:
-        stream = self.engine.start(list(prompt_ids), params)
-        out = _Generated(prompt_tokens=len(prompt_ids), cached_tokens=stream.cached_tokens)
-        emitted = ""
-        text_ids: list[int] = []  # output minus a final stop token (SGLang leaves it out of the text)
-        for ev in stream:
-            out.output_ids.append(ev.token_id)
-            out.logprobs.append(ev.logprob)
-            out.token_texts.append(self.engine.decode([ev.token_id]))
-            if ev.is_stop:
-                break
-            text_ids.append(ev.token_id)
-            text = self.engine.decode(text_ids)
-            if not text.endswith(REPLACEMENT_CHAR) and emit is not None:
-                emit(text[len(emitted):])
-                emitted = text
-            if cancelled.is_set():
-                stream.finish_reason = "abort"  # SGLang's finish reason for an aborted request
-                break
-        out.finish_reason = stream.finish_reason
-        out.text = self.engine.decode(text_ids)
-        if emit is not None and len(out.text) > len(emitted):
-            emit(out.text[len(emitted):])
-        self.requests_served += 1
-        return out
 
     async def _render(self, messages: list[dict], tools: list[dict] | None, template_kwargs: dict) -> list[int]:
         fut, _ = self.renderer.submit(lambda cancelled: self.engine.render_chat(messages, tools, **template_kwargs))
@@ -157,44 +87,6 @@ class ReferenceApp:
             return await asyncio.wrap_future(fut)
         except KimiNvfp4Error as e:  # the template refused these messages (or went past its budget)
             raise BadRequest(str(e)) from None
-
-    def _submit(self, prompt_ids: list[int], params: SamplingParams, streaming: bool = False) -> _Job:
-        """Admit one generation (ServerBusy when the queue is full); `_wait` then follows it."""
-        loop = asyncio.get_running_loop()
-        job = _Job(wake=asyncio.Event())
-
-        def push(delta: str) -> None:
-            job.deltas.append(delta)
-            job.wake.set()
-
-        emit = (lambda d: loop.call_soon_threadsafe(push, d)) if streaming else None
-        job.cfut, job.cancelled = self.worker.submit(self._generate_blocking, prompt_ids, params, emit)
-        job.fut = asyncio.wrap_future(job.cfut)
-        job.fut.add_done_callback(lambda _: job.wake.set())
-        return job
-
-    async def _wait(self, request: web.Request, job: _Job,
-                    on_delta: Callable[[str], Awaitable[None]] | None = None) -> _Generated:
-        """The job's result, passing text deltas on; stops the job when the client leaves."""
-        try:
-            while True:
-                try:
-                    await asyncio.wait_for(job.wake.wait(), DISCONNECT_POLL_S)
-                except TimeoutError:
-                    pass
-                job.wake.clear()
-                while job.deltas and on_delta is not None:
-                    await on_delta(job.deltas.pop(0))
-                if job.fut.done():
-                    return job.fut.result()
-                if _client_gone(request):
-                    raise _ClientGone()
-        except (_ClientGone, ConnectionResetError, asyncio.CancelledError):
-            job.cancel()
-            raise
-
-    async def _run(self, request: web.Request, prompt_ids: list[int], params: SamplingParams) -> _Generated:
-        return await self._wait(request, self._submit(prompt_ids, params))
 
     async def _handle(self, handler: Callable[[], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
         """Typed failures become their status; an engine failure is a named 500, never a bare one."""
@@ -204,7 +96,7 @@ class ReferenceApp:
             return _error(e.status, str(e))
         except RequestCancelled as e:
             return _error(503, f"request cancelled: {e}")
-        except _ClientGone:
+        except ClientGone:
             return web.Response(status=499)  # nobody reads it; nginx's code for a closed client
         except json.JSONDecodeError as e:
             return _error(400, f"the request body is not JSON ({e.msg} at char {e.pos})")
@@ -218,7 +110,7 @@ class ReferenceApp:
     async def health_generate(self, request: web.Request) -> web.Response:
         try:
             ids = await self._render([{"role": "user", "content": "ping"}], None, {})
-            await self._run(request, ids, SamplingParams(max_new_tokens=HEALTH_MAX_TOKENS))
+            await self.runner.run(request, ids, SamplingParams(max_new_tokens=HEALTH_MAX_TOKENS))
         except Exception as e:  # a broken engine must read as unhealthy, not crash the server
             return web.Response(status=503, text=f"generation failed: {e}")
         return web.Response(text="OK")
@@ -243,7 +135,7 @@ class ReferenceApp:
             "version": f"kimi-nvfp4 {__version__} reference emulator",
             "reference_emulator": True,
             "emulated_activations": getattr(self.engine, "activations", None),
-            "max_queued_requests": self.worker.max_pending,
+            "max_queued_requests": self.runner.worker.max_pending,
             "max_new_tokens_limit": self.max_new_tokens_limit,
             # an empty cache is still a cache: report it, zeros included
             "prefix_cache": {"cached_tokens": cache.cached_tokens, "snapshots": len(cache),
@@ -260,7 +152,7 @@ class ReferenceApp:
         body = parse_generate_request(await request.json(), self.engine.vocab_size)
         ids = body.input_ids if body.input_ids is not None else self.engine.encode(body.text or "")
         params = sampling_params(self._budget(body.max_new_tokens, ids), body.sampling)
-        out = await self._run(request, ids, params)
+        out = await self.runner.run(request, ids, params)
         meta = {
             "id": uuid.uuid4().hex, "prompt_tokens": out.prompt_tokens, "completion_tokens": len(out.output_ids),
             "cached_tokens": out.cached_tokens,
@@ -283,7 +175,7 @@ class ReferenceApp:
         created = int(time.time())
         if req.stream:
             return await self._stream_chat(request, req, prompt_ids, params, rid, created)
-        out = await self._run(request, prompt_ids, params)
+        out = await self.runner.run(request, prompt_ids, params)
         kwargs = req.template_kwargs
         reasoning, content = split_reasoning(out.text, force_reasoning=reasoning_forced(kwargs),
                                              force_nonempty_content=kwargs.get("force_nonempty_content") is True)
@@ -306,7 +198,7 @@ class ReferenceApp:
         })
 
     async def _stream_chat(self, request, req, prompt_ids, params, rid, created):
-        job = self._submit(prompt_ids, params, streaming=True)  # a full queue is a 503, before any header
+        job = self.runner.submit(prompt_ids, params, streaming=True)  # a full queue is a 503, before any header
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         try:
             await resp.prepare(request)
@@ -336,8 +228,8 @@ class ReferenceApp:
                 await send({"content": content})
 
         try:
-            out = await self._wait(request, job, on_delta)
-        except (_ClientGone, ConnectionResetError):
+            out = await self.runner.wait(request, job, on_delta)
+        except (ClientGone, ConnectionResetError):
             return resp
         except Exception as e:  # headers are sent: report in-stream, as SGLang does
             code, message = (e.status, str(e)) if isinstance(e, (BadRequest, ServerBusy)) else \
@@ -364,13 +256,13 @@ class ReferenceApp:
         return resp
 
 
-def _usage(out: _Generated) -> dict:
+def _usage(out: Generated) -> dict:
     return {"prompt_tokens": out.prompt_tokens, "completion_tokens": len(out.output_ids),
             "total_tokens": out.prompt_tokens + len(out.output_ids),
             "prompt_tokens_details": {"cached_tokens": out.cached_tokens}}
 
 
-def _openai_logprobs(out: _Generated) -> dict:
+def _openai_logprobs(out: Generated) -> dict:
     return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
                         for t, lp in zip(out.token_texts, out.logprobs)]}
 

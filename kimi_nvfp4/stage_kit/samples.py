@@ -2,9 +2,10 @@
 
 Both stages load the same `--data` spec, split it with `split_heldout` under a FIXED split seed
 (the split is by conversation id, so it does not depend on `--seed` or on how many sessions a
-generator produced), render each session with the checkpoint's own chat template and tokenizer
-(`kimi_nvfp4.data`, which never executes checkpoint code), split or truncate to `seq_len`, then
-pick `samples` sequences with `--seed`. Calibration never sees a held-out session.
+generator produced), render each session's served requests with the checkpoint's own chat template
+and tokenizer (`kimi_nvfp4.data`, which never executes checkpoint code) into distinct windows of
+at most `seq_len` tokens, then pick `samples` sequences with `--seed`. Calibration never sees a
+held-out session, and no held-out window equals a calibration window.
 """
 
 from __future__ import annotations
@@ -96,7 +97,11 @@ def load_sample_set(
             f"({len(conversations)} usable, held-out fraction {heldout_fraction}); give more sessions"
         )
     tokenizer = load_tokenizer(checkpoint)
-    sequences = [s.to(torch.long) for s in render_sessions(chosen, tokenizer, seq_len) if s.numel() >= 2]
+    # the held-out part reserves the calibration part's windows: shared text (system prompt, tool
+    # declarations) never turns up on both sides (data/render.py)
+    exclude = calibration if part is DataPart.HELDOUT else ()
+    sequences = [s.to(torch.long) for s in render_sessions(chosen, tokenizer, seq_len, exclude=exclude)
+                 if s.numel() >= 2]
     if not sequences:
         raise DataError(f"--data {data!r}: the {part.value} sessions rendered to no sequence of 2+ tokens")
     order = list(range(len(sequences)))

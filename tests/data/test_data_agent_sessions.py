@@ -196,3 +196,27 @@ def test_tree_grep_equals_a_per_line_search(tiny_tree, pattern):
     regex = re.compile(pattern)
     expected = [(f.rel, i, line) for f in tree.files for i, line in enumerate(f.lines, start=1) if regex.search(line)]
     assert tree.grep(pattern).matches == expected
+
+
+def test_sessions_start_with_different_requests(tiny_tree):
+    """No two sessions share their first request (while there are functions to go round)."""
+    sessions = generate_agent_sessions(tiny_tree, n=4, seed=0, max_turns=2)
+    firsts = [next(m.content for m in c.messages if m.role is Role.USER) for c in sessions]
+    functions = [re.search(r"`(\w+)`", f).group(1) for f in firsts]
+    assert len(set(functions)) == 4, firsts
+    # the first request does not depend on how many sessions are made
+    assert [c.messages[1].content for c in generate_agent_sessions(tiny_tree, n=2, seed=0, max_turns=2)] == firsts[:2]
+
+
+def test_tool_results_come_with_and_without_a_name(tiny_tree):
+    """Both forms agent clients send; a named result is named after the tool that was called."""
+    sessions = generate_agent_sessions(tiny_tree, n=12, seed=0, max_turns=2)
+    forms = set()
+    for conv in sessions:
+        calls = {c.id: c.function.name for m in conv.messages for c in (m.tool_calls or ())}
+        results = [m for m in conv.messages if m.role is Role.TOOL]
+        named = {m.name is not None for m in results}
+        assert len(named) == 1  # one client, one habit
+        forms |= named
+        assert all(m.name in (None, calls[m.tool_call_id]) for m in results)
+    assert forms == {True, False}

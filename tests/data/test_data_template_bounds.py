@@ -119,3 +119,23 @@ def test_budgets_are_per_thread():
         assert quick.render(MESSAGES) == "hi"
     worker.join(WALL_LIMIT_S)
     assert "ran longer than" in results["bomb"]
+
+
+@pytest.mark.parametrize("name", ["power folded at compile time", "nested range loops"])
+def test_a_checkpoint_with_a_bomb_template_fails_fast_in_the_tokenizer(kimi_tiktoken_dir, tmp_path, name):
+    """What calibrate, validate and the reference server call: a named error, not a hang."""
+    import shutil
+
+    from kimi_nvfp4.data import template_sandbox
+    from kimi_nvfp4.data.tokenizer import load_tokenizer
+
+    folder = tmp_path / "ckpt"
+    shutil.copytree(kimi_tiktoken_dir, folder)
+    (folder / "chat_template.jinja").write_text(BOMBS[name])
+    tok = load_tokenizer(folder)
+    tok.chat_template = ChatTemplate(tok.chat_template.source, tok.chat_template.origin, time_budget_s=BUDGET_S)
+    start = time.monotonic()
+    with pytest.raises(ChatTemplateError, match=r"chat_template\.jinja: chat template went past a limit"):
+        tok.encode_chat(MESSAGES)
+    assert time.monotonic() - start < WALL_LIMIT_S
+    assert template_sandbox.RENDER_TIME_BUDGET_S == 10.0  # what a checkpoint's template gets by default

@@ -82,14 +82,19 @@ def test_chat_template_renders_kimi_turns_in_order(kimi_tokenizer, tool_call_rec
     text = kimi_tokenizer.apply_chat_template(**_chat_args(tool_call_record))
     order = ["<|im_system|>tool_declare<|im_middle|>", "<|im_system|>system<|im_middle|>You are a coding agent.",
              "<|im_user|>user<|im_middle|>Where is scanstring used?<|im_end|>",
-             "<|im_assistant|>assistant<|im_middle|>", "<think>Search first.</think>",
+             "<|im_assistant|>assistant<|im_middle|>", "<think></think>",
              "<|tool_calls_section_begin|><|tool_call_begin|>functions.grep:0<|tool_call_argument_begin|>"
              '{"pattern": "scanstring"}<|tool_call_end|><|tool_calls_section_end|><|im_end|>',
-             "<|im_system|>tool<|im_middle|>## Return of functions.grep:0\njson/decoder.py:130:",
-             "<think>Done.</think>It is bound at json/decoder.py:130.<|im_end|>",
+             # a tool result's name is its role name, as in Kimi's templates
+             "<|im_system|>grep<|im_middle|>## Return of functions.grep:0\njson/decoder.py:130:",
+             # the final answer closes the turn: everything up to it is history, without reasoning
+             "<think></think>It is bound at json/decoder.py:130.<|im_end|>",
              "<|im_assistant|>assistant<|im_middle|><think>"]
     positions = [text.index(piece) for piece in order[:-1]] + [text.rindex(order[-1])]
     assert positions == sorted(positions)
+    assert "Search first." not in text and "Done." not in text
+    kept = kimi_tokenizer.apply_chat_template(**_chat_args(tool_call_record), preserve_thinking=True)
+    assert "<think>Search first.</think>" in kept and "<think>Done.</think>It is bound" in kept
     assert text.endswith("<|im_assistant|>assistant<|im_middle|><think>")
     # tools are declared as Kimi K2.5's TypeScript namespace (the template prefers tools_ts_str)
     declared = text.split("tool_declare<|im_middle|>")[1].split("<|im_end|>")[0]

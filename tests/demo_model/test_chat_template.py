@@ -22,28 +22,55 @@ TOOL_CONVERSATION = [
 ]
 
 
-def test_tool_conversation_renders_kimi_turns_exactly():
-    text = render_chat(TOOL_CONVERSATION, AGENT_TOOLS)
-    expected = (
+def _expected(reasoning: str) -> str:
+    return (
         f"<|im_system|>tool_declare<|im_middle|>{json.dumps(AGENT_TOOLS, ensure_ascii=False)}<|im_end|>"
         "<|im_system|>system<|im_middle|>You are a coding agent.<|im_end|>"
         "<|im_user|>user<|im_middle|>Show me a.py<|im_end|>"
-        "<|im_assistant|>assistant<|im_middle|><think>I need the file.</think>"
+        f"<|im_assistant|>assistant<|im_middle|><think>{reasoning}</think>"
         "<|tool_calls_section_begin|><|tool_call_begin|>functions.read_file:0<|tool_call_argument_begin|>"
         '{"path": "a.py"}<|tool_call_end|><|tool_calls_section_end|><|im_end|>'
         "<|im_system|>tool<|im_middle|>## Return of functions.read_file:0\nx = '<tag>'<|im_end|>"
         "<|im_assistant|>assistant<|im_middle|><think></think>It sets x.<|im_end|>"
     )
-    assert text == expected
 
 
-def test_reasoning_of_turns_before_the_last_user_message_is_dropped():
+def test_tool_conversation_renders_kimi_turns_exactly():
+    # a finished session is all history (K2-Thinking's rule): no reasoning is rendered
+    assert render_chat(TOOL_CONVERSATION, AGENT_TOOLS) == _expected("")
+    assert render_chat(TOOL_CONVERSATION, AGENT_TOOLS, preserve_thinking=True) == _expected("I need the file.")
+
+
+def test_reasoning_of_the_running_tool_loop_is_kept():
+    """Before the final answer the tool-call turn is after the last non-tool-call assistant: kept."""
+    text = render_chat(TOOL_CONVERSATION[:-1], AGENT_TOOLS, add_generation_prompt=True)
+    assert "<think>I need the file.</think><|tool_calls_section_begin|>" in text
+
+
+def test_reasoning_of_finished_turns_is_dropped():
     convo = [{"role": "user", "content": "a"},
              {"role": "assistant", "content": "b", "reasoning_content": "old thought"},
              {"role": "user", "content": "c"}]
     text = render_chat(convo)
     assert "old thought" not in text and "<think></think>b" in text
     assert text.startswith(f"<|im_system|>system<|im_middle|>{DEFAULT_SYSTEM_PROMPT}<|im_end|>")
+    assert "<think>old thought</think>b" in render_chat(convo, preserve_thinking=True)
+
+
+def test_a_named_tool_result_renders_its_name_as_the_role():
+    named = [*TOOL_CONVERSATION[:3], {**TOOL_CONVERSATION[3], "name": "read_file"}]
+    text = render_chat(named, AGENT_TOOLS)
+    assert "<|im_system|>read_file<|im_middle|>## Return of functions.read_file:0\n" in text
+
+
+def test_training_sessions_keep_every_turns_reasoning():
+    """The demo model was trained with each turn's reasoning (the corpus renders with preserve_thinking)."""
+    from kimi_nvfp4.demo_model.agent_chats import render_agent_sessions
+
+    src = SourceFile("pkg/mod.py", "def f(a):\n    return a\n\n\nclass C:\n    pass\n")
+    texts = render_agent_sessions([src], 12, seed=3)
+    assert any("<think>Let me read those lines.</think>" in t for t in texts)
+    assert any("<think>The user wants pkg.mod." in t for t in texts)
 
 
 def test_generation_prompt_opens_thinking_unless_disabled():

@@ -101,7 +101,7 @@ class ScriptedEngine:
             text = f"[tools]{json.dumps(tools)}<|im_end|>" + text
         return self.encode(text + "[assistant]")
 
-    def start(self, prompt_ids: list[int], params: SamplingParams) -> EngineStream:
+    def start(self, prompt_ids: list[int], params: SamplingParams, should_stop=None) -> EngineStream:
         matched, snap = self._cache.match(prompt_ids, max_match=len(prompt_ids) - 1)
         stream = EngineStream(cached_tokens=matched, tokens=iter(()))
         stream.tokens = self._run(prompt_ids, matched, params, stream)

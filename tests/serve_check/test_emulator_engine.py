@@ -53,6 +53,29 @@ def test_engine_streams_what_k2model_generates_and_reuses_the_prefix(engine, nvf
     assert [e.token_id for e in again] == expected.token_ids
 
 
+def test_long_prompts_are_prefilled_in_chunks_that_can_be_stopped(nvfp4_checkpoint, monkeypatch):
+    """Chunked prefill gives the same tokens; a stop request between chunks ends it without output."""
+    from kimi_nvfp4.serve_check import engine as engine_module
+
+    fresh = EmulatorEngine(nvfp4_checkpoint, activations=ACTIVATIONS)
+    ids = fresh.render_chat([{"role": "user", "content": "def add(a, b):\n    return a + b\n" * 4}], None)
+    params = SamplingParams(max_new_tokens=4, ignore_eos=True)
+    whole = list(fresh.start(ids, params))
+    monkeypatch.setattr(engine_module, "PREFILL_CHUNK_TOKENS", 8)
+    calls = []
+    chunked_engine = EmulatorEngine(nvfp4_checkpoint, activations=ACTIVATIONS)
+    forward = chunked_engine._forward
+    chunked_engine._forward = lambda chunk, cache: (calls.append(len(chunk)), forward(chunk, cache))[1]
+    chunked = list(chunked_engine.start(ids, params))
+    assert [e.token_id for e in chunked] == [e.token_id for e in whole]
+    assert [e.logprob for e in chunked] == pytest.approx([e.logprob for e in whole], abs=1e-4)
+    assert max(calls) == 8 and sum(calls[:-3]) == len(ids)  # the prompt in chunks, then 3 decode steps
+    asked = []
+    uncached = list(reversed(ids))
+    stopped = chunked_engine.start(uncached, params, should_stop=lambda: asked.append(1) or len(asked) > 2)
+    assert list(stopped) == [] and stopped.finish_reason == "abort" and len(asked) == 3
+
+
 def test_agreement_with_itself_is_exact(server, nvfp4_checkpoint):
     async def main():
         async with ChatClient(server.base_url) as c:

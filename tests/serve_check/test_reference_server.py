@@ -132,7 +132,7 @@ def test_bad_requests_are_400(scripted_server):
 def test_engine_failure_is_reported_not_hidden(scripted_server):
     url, engine = scripted_server()
 
-    def broken(prompt_ids, params):
+    def broken(prompt_ids, params, should_stop=None):
         raise RuntimeError("input_scale missing for layer 1")
     engine.start = broken
     for stream in (True, False):
