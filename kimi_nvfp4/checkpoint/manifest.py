@@ -42,6 +42,14 @@ class ConversionSettings(_Strict):
     kv_cache_quant_algo: str | None
     quant_algo: str = "NVFP4"
     group_size: int = 16
+    # `convert --shared-experts` and its block-scale rule (added later: an older manifest means bf16)
+    shared_experts: str = "bf16"
+    shared_expert_scales: str = "amax"
+
+
+# Settings added after manifests were first written: left out of the digest at these values, so shards an older
+# version converted (with what these defaults describe) are still reused by a resume.
+_DIGEST_OMITS_AT = {"shared_experts": "bf16", "shared_expert_scales": "amax"}
 
 
 class ShardRecord(_Strict):
@@ -78,7 +86,9 @@ class ConversionManifest(_Strict):
 
 def conversion_sha256(settings: ConversionSettings, source_fingerprint: str) -> str:
     """What decides a converted shard's bytes: the settings and the source (its fingerprint)."""
-    payload = json.dumps({"settings": settings.model_dump(mode="json"), "source": source_fingerprint}, sort_keys=True)
+    fields = settings.model_dump(mode="json")
+    fields = {k: v for k, v in fields.items() if _DIGEST_OMITS_AT.get(k, object()) != v}
+    payload = json.dumps({"settings": fields, "source": source_fingerprint}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()
 
 

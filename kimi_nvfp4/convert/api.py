@@ -40,12 +40,14 @@ from ..checkpoint.modelopt_config import (
 )
 from ..checkpoint.reader import CONFIG_NAME
 from ..checkpoint.writer import partial_path, remove_quietly, write_failure, write_index, write_json_atomic
+from ..numerics.bf16_source import Bf16ScaleRule
 from ..numerics.methods import ScaleMethod
 from .job import ShardResult, run_shard_job
 from ..stage_kit.device import resolve_device
 from .options import ConvertOptions
 from .output import OutputState, prepare_output
 from .plan import ConversionPlan, ShardJob, plan_conversion
+from .shared_experts import SharedExperts
 from .source import resolve_source, source_record
 from .source_files import checked_source_path
 
@@ -75,6 +77,7 @@ class ConversionSummary:
     skipped_files: list[str] = field(default_factory=list)  # source files not copied, each with the reason
     # what the output declares: "w4a16" (weight-only) until calibrate installs the input scales
     activations: str = ActivationScheme.W4A16.value
+    shared_experts: str = SharedExperts.BF16.value  # bf16 (copied) or nvfp4 (quantized; counted in matrices_converted)
 
     @property
     def gb_per_s(self) -> float:
@@ -90,6 +93,7 @@ class ConversionSummary:
     def lines(self) -> list[str]:
         return [
             f"converted {self.matrices_converted} expert matrices to NVFP4, passed {self.tensors_passed_through} tensors through",
+            f"shared experts: {self.shared_experts.upper()}",
             f"shards: {self.shards_converted} written, {self.shards_skipped} already finished, {self.shards_total} total",
             f"bytes: {self.bytes_in / _GB:.3f} GB in ({self.int4_bytes_in / _GB:.3f} GB INT4), {self.bytes_out / _GB:.3f} GB out",
             (
@@ -151,7 +155,7 @@ def convert_checkpoint(
     """Convert `source` (folder or Hub repo id) into `output`. Re-running resumes; see docs/convert.md.
 
     :param options: a `ConvertOptions` (convert/options.py: method, device, workers, kv_cache_quant_algo,
-        overwrite, revision, record_stats, fsync); its fields may also be given as keywords, which win.
+        shared_experts, shared_expert_scales, overwrite, revision, record_stats, fsync); its fields may also be given as keywords, which win.
         `record_stats=False` skips the per-matrix error statistics in the manifest (same output bytes, faster
         on CPU); `fsync=False` leaves write-back to the OS (same bytes; see convert/output.py for what a resume
         then checks).
@@ -166,10 +170,15 @@ def convert_checkpoint(
     output = Path(output).expanduser()
     refuse_nested(resolved.path, output)  # before anything is written or deleted (--overwrite empties the output)
     output = output.resolve()
-    plan = plan_conversion(resolved.path, resolved.trusted_root)
+    plan = plan_conversion(resolved.path, resolved.trusted_root, opts.shared_experts)
+    quantize_shared = opts.shared_experts is SharedExperts.NVFP4
     fresh = ConversionManifest(
         source=source_record(resolved, plan),
-        settings=ConversionSettings(method=method.value, kv_cache_quant_algo=kv_cache_quant_algo),
+        settings=ConversionSettings(
+            method=method.value, kv_cache_quant_algo=kv_cache_quant_algo, shared_experts=opts.shared_experts.value,
+            # the rule changes no byte while the shared experts stay BF16
+            shared_expert_scales=(opts.shared_expert_scales if quantize_shared else Bf16ScaleRule.AMAX).value,
+        ),
     )
     start = time.perf_counter()
     with output_lock(output, "convert"):
@@ -181,7 +190,7 @@ def convert_checkpoint(
             record = _ShardRecorder(output, state, durable=fsync)
             results = _run_jobs(
                 todo, plan, record, method=method, device=dev, workers=workers, progress=progress,
-                record_stats=record_stats,
+                record_stats=record_stats, shared_expert_scales=opts.shared_expert_scales,
             )
             _finish(plan, output, state.manifest, kv_cache_quant_algo, durable=fsync)
     seconds = time.perf_counter() - start
@@ -205,6 +214,7 @@ def convert_checkpoint(
         max_shard_bytes=max((j.input_bytes for j in plan.jobs), default=0),
         skipped_files=[str(f) for f in plan.skipped_files],
         activations=declared_scheme(output).value,
+        shared_experts=opts.shared_experts.value,
     )
 
 
@@ -249,6 +259,7 @@ def _run_jobs(
     workers: int,
     progress: bool,
     record_stats: bool,
+    shared_expert_scales: Bf16ScaleRule,
 ) -> list[ShardResult]:
     """Run shard jobs; record each finished shard in the manifest as soon as it is renamed into place."""
     lock = threading.Lock()
@@ -273,7 +284,7 @@ def _run_jobs(
         try:
             result = run_shard_job(
                 job, plan.root, record.output, method=method, device=device, record_stats=record_stats,
-                on_progress=advance, durable=record.durable,
+                on_progress=advance, durable=record.durable, shared_expert_scales=shared_expert_scales,
             )
         finally:
             bar.close()

@@ -33,9 +33,11 @@ from ..checkpoint.writer import (
     WrittenShard,
 )
 from ..errors import CheckpointError
+from ..numerics.bf16_source import Bf16ScaleRule
 from ..numerics.methods import Int4Matrix, ScaleMethod, quantize_int4_groups
 from ..numerics.methods.stats import stats_from_sums
 from .plan import ExpertMatrix, ScaleGroup, ShardJob
+from .shared_experts import quantize_dense_group
 
 _QUEUE_SHARD_FRACTION = 4
 
@@ -123,6 +125,7 @@ def _finite_only(
 
 class _Phases:
     """Seconds the job's own thread spends per phase: `passthrough` (copying unconverted tensors),
+    `shared_experts` (reading, quantizing and writing BF16 shared experts, `--shared-experts nvfp4`),
     `read` (INT4 inputs from disk), `launch` (queueing uploads, kernels and copies), `wait` (for the
     device), `write` (handing results to the writer, including waits on its bounded queue), `commit`
     (draining the writer, fsync, rename). Summed over jobs in the conversion summary."""
@@ -157,12 +160,14 @@ def run_shard_job(
     record_stats: bool = True,
     on_progress: Callable[[int], None] | None = None,
     durable: bool = True,
+    shared_expert_scales: Bf16ScaleRule = Bf16ScaleRule.AMAX,
 ) -> ShardResult:
     """Write `output_dir/job.file` (atomically; fsynced when `durable`). `on_progress(bytes)` is called as input
     is consumed.
 
     `record_stats`: compare every converted matrix with its exact INT4 values (`error_stats`); it does
     not change the output bytes (it reads the outputs after they are final).
+    `shared_expert_scales`: block-scale rule of the BF16 shared experts the plan quantizes (`job.dense_groups`).
     """
     # One CUDA stream per job so concurrent workers' kernels and copies overlap instead of queueing on the
     # default stream; each batch records an event on it, waited on once before the batch's bytes are written.
@@ -170,7 +175,7 @@ def run_shard_job(
     with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
         return _run(
             job, source_root, output_dir, method=method, device=device, record_stats=record_stats,
-            on_progress=on_progress, durable=durable,
+            on_progress=on_progress, durable=durable, shared_expert_scales=shared_expert_scales,
         )
 
 
@@ -303,6 +308,7 @@ def _run(
     record_stats: bool,
     on_progress: Callable[[int], None] | None,
     durable: bool,
+    shared_expert_scales: Bf16ScaleRule,
 ) -> ShardResult:
     start = time.perf_counter()
     peak = _PeakCounter()
@@ -328,6 +334,20 @@ def _run(
             peak.observe(writer.pending_bytes + min(info.nbytes, COPY_CHUNK_BYTES))
             if on_progress:
                 on_progress(info.nbytes)
+        # BF16 shared experts (`--shared-experts nvfp4`): one scale group at a time, in the plan's order.
+        for dense_group in job.dense_groups:
+            with phases("shared_experts"):
+                quantized, held = quantize_dense_group(dense_group, files, device, shared_expert_scales)
+                peak.observe(writer.pending_bytes + held)
+                for m, q in zip(dense_group.matrices, quantized):
+                    if not job.writes(m):
+                        continue  # a partner from another shard, read here only for the shared scale
+                    for suffix, tensor in (("weight", q.weight), ("weight_scale", q.weight_scale),
+                                           ("weight_scale_2", q.weight_scale_2)):
+                        writer.write(f"{m.module}.{suffix}", tensor)
+                    matrices += 1
+                    if on_progress:
+                        on_progress(m.weight.nbytes)
         in_flight: deque[_Flight] = deque()
         depth = _BATCHES_IN_FLIGHT.get(device.type, 1)
 

@@ -7,8 +7,10 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
+from ..numerics.bf16_source import Bf16ScaleRule
 from ..numerics.methods import DEFAULT_METHOD, ScaleMethod, weight_only_methods
 from ..stage_options import Cli, StageOptions
+from .shared_experts import SharedExperts
 
 DEVICES = ("auto", "cpu", "cuda")
 # "none": declare no KV-cache quantization (recorded as null in the manifest and left out of hf_quant_config).
@@ -23,6 +25,14 @@ class ConvertOptions(StageOptions):
     workers: int = Field(1, ge=1, description="Shards converted in parallel (memory: about two shards per worker).")
     kv_cache_quant_algo: Annotated[Literal["FP8"] | None, Cli("--kv-cache", choices=KV_CACHE_CHOICES)] = Field(
         "FP8", description="KV-cache format declared in the quant config (NVIDIA ships K2.6 with FP8).")
+    shared_experts: SharedExperts = Field(
+        SharedExperts.BF16, description="The MoE layers' shared experts: bf16 (copied, as NVIDIA's K2.6 NVFP4) or "
+                                        "nvfp4 (quantized from BF16, gate/up sharing one weight_scale_2; Modal's "
+                                        "B200 recipe).")
+    shared_expert_scales: Bf16ScaleRule = Field(
+        Bf16ScaleRule.AMAX, description="Block scales of NVFP4 shared experts: amax (Model Optimizer's rule) or mse "
+                                        "(least weight error near it; never worse). Ignored with --shared-experts "
+                                        "bf16.")
     overwrite: bool = Field(False, description="Replace an earlier conversion made with other settings.")
     revision: str | None = Field(None, description="Hub revision when SOURCE is a repo id.")
     record_stats: Annotated[bool, Cli("--stats/--no-stats")] = Field(
@@ -34,7 +44,7 @@ class ConvertOptions(StageOptions):
                           "loses nothing, and after an OS crash or reboot a resume re-checks such shards' sha256.")
 
     # What decides the output bytes and config: a finished output with other values is not this conversion.
-    RECORDED: ClassVar[tuple[str, ...]] = ("method", "kv_cache_quant_algo")
+    RECORDED: ClassVar[tuple[str, ...]] = ("method", "kv_cache_quant_algo", "shared_experts", "shared_expert_scales")
 
     @field_validator("method")
     @classmethod

@@ -34,11 +34,11 @@ from ..checkpoint.tensor_io import ShardFiles
 from ..checkpoint.writer import TensorSpec
 from ..errors import CheckpointError, UnsupportedCheckpointError
 from ..numerics.constants import INT4_GROUP_SIZE, NVFP4_BLOCK_SIZE
+from .shared_experts import SHARED_SCALE_PROJS, DenseMatrix, DenseScaleGroup, SharedExperts, plan_shared_experts
 from .source_files import SkippedFile, require_regular, select_source_files
 
 # Output tensors of one NVFP4 linear (ModelOpt HF export names).
 NVFP4_SUFFIXES = ("weight", "weight_scale", "weight_scale_2")
-SHARED_SCALE_PROJS = ("gate_proj", "up_proj")  # one weight_scale_2 for SGLang's fused w13
 _FP32_BYTES = 4
 _NIBBLES_PER_BYTE = 2
 _E4M3_BYTES = 1
@@ -84,14 +84,22 @@ class ShardJob:
     file: str  # source shard = output shard name
     passthrough: list[TensorInfo] = field(default_factory=list)
     groups: list[ScaleGroup] = field(default_factory=list)
+    # BF16 shared experts quantized here (`--shared-experts nvfp4`; shared_experts.py), written after passthrough
+    dense_groups: list[DenseScaleGroup] = field(default_factory=list)
 
-    def writes(self, m: ExpertMatrix) -> bool:
-        """Whether this shard holds the matrix's output (its weight_packed lives here)."""
-        return m.packed.file == self.file
+    def writes(self, m: ExpertMatrix | DenseMatrix) -> bool:
+        """Whether this shard holds the matrix's output (its weight_packed, or BF16 weight, lives here)."""
+        source = m.packed if isinstance(m, ExpertMatrix) else m.weight
+        return source.file == self.file
+
+    @property
+    def dense_matrices(self) -> list[DenseMatrix]:
+        """The shared-expert matrices this shard writes."""
+        return [m for g in self.dense_groups for m in g.matrices if self.writes(m)]
 
     @property
     def input_bytes(self) -> int:
-        own = sum(t.nbytes for t in self.passthrough)
+        own = sum(t.nbytes for t in self.passthrough) + sum(m.weight.nbytes for m in self.dense_matrices)
         return own + sum(m.int4_bytes for g in self.groups for m in g.matrices if self.writes(m))
 
     @property
@@ -100,13 +108,16 @@ class ShardJob:
 
     @property
     def output_bytes(self) -> int:
-        return sum(t.nbytes for t in self.passthrough) + sum(
+        dense = sum(m.output_bytes for m in self.dense_matrices)
+        return sum(t.nbytes for t in self.passthrough) + dense + sum(
             m.output_bytes for g in self.groups for m in g.matrices if self.writes(m)
         )
 
     def output_specs(self) -> list[TensorSpec]:
         """Every output tensor of this shard in the order the job produces it (the file's layout)."""
         specs = [TensorSpec(t.name, t.dtype, tuple(t.shape)) for t in self.passthrough]
+        for m in self.dense_matrices:
+            specs += [TensorSpec(n, dtype, shape) for n, (dtype, shape) in m.output_specs().items()]
         for group in self.groups:
             for m in group.matrices:
                 if self.writes(m):
@@ -127,6 +138,8 @@ class ConversionPlan:
     other_files: list[Path]  # copied byte for byte (source_files.py)
     skipped_files: list[SkippedFile] = field(default_factory=list)  # left out of the output, with the reason
     trusted_root: Path | None = None  # the tree the source's files may link into (source_files.py)
+
+    shared_experts: SharedExperts = SharedExperts.BF16
 
     @property
     def matrices(self) -> int:
@@ -255,12 +268,18 @@ def _scale_groups(layout: CheckpointLayout, experts: dict[str, ExpertMatrix]) ->
     return groups
 
 
-def plan_conversion(source_root: str | Path, trusted_root: str | Path | None = None) -> ConversionPlan:
+def plan_conversion(
+    source_root: str | Path,
+    trusted_root: str | Path | None = None,
+    shared_experts: SharedExperts | str = SharedExperts.BF16,
+) -> ConversionPlan:
     """Check the source and decide every output tensor. Reads headers, weight_shape values and router biases only.
 
     `trusted_root`: the tree the source's files may link into (default the folder itself; for a Hub download the
     repo's cache folder, see convert/source.py). Anything else a file links to is refused or left out.
+    `shared_experts`: `bf16` copies the shared experts through (and excludes them), `nvfp4` quantizes them.
     """
+    shared_experts = SharedExperts(shared_experts)
     root = Path(source_root)
     trusted = Path(trusted_root) if trusted_root is not None else root
     for name in (CONFIG_NAME, INDEX_NAME):
@@ -277,11 +296,17 @@ def plan_conversion(source_root: str | Path, trusted_root: str | Path | None = N
     _check_weight_shapes(reader, experts)
     _check_routers(reader, layout)
 
+    dense_groups = plan_shared_experts(layout, reader.tensors) if shared_experts is SharedExperts.NVFP4 else []
+    dense = {m.module: m for g in dense_groups for m in g.matrices}
     int4_names = {f"{m}.{s}" for m in experts for s in INT4_EXPERT_SUFFIXES}
+    converted = int4_names | {m.weight.name for m in dense.values()}  # source tensors that do not pass through
     jobs = {file: ShardJob(file) for file in reader.shard_files}
     for name, info in sorted(reader.tensors.items()):
-        if name not in int4_names:
+        if name not in converted:
             jobs[info.file].passthrough.append(info)
+    for dense_group in dense_groups:
+        for file in sorted({m.weight.file for m in dense_group.matrices}):
+            jobs[file].dense_groups.append(dense_group)
     for group in _scale_groups(layout, experts):
         for file in sorted({m.packed.file for m in group.matrices}):
             jobs[file].groups.append(group)
@@ -292,6 +317,14 @@ def plan_conversion(source_root: str | Path, trusted_root: str | Path | None = N
         for info in job.passthrough:
             weight_map[info.name] = job.file
             total += info.nbytes
+        for m in job.dense_matrices:
+            for name in m.output_specs():
+                if name in reader.tensors and name not in converted:
+                    raise CheckpointError(
+                        "the source already has a tensor named like a converted output", file=reader.tensors[name].file, tensor=name
+                    )
+                weight_map[name] = job.file
+            total += m.output_bytes
         for group in job.groups:
             for m in group.matrices:
                 if not job.writes(m):
@@ -303,7 +336,7 @@ def plan_conversion(source_root: str | Path, trusted_root: str | Path | None = N
                         )
                     weight_map[name] = job.file
                 total += m.output_bytes
-    bf16 = bf16_linear_modules(reader)
+    bf16 = [m for m in bf16_linear_modules(reader) if m not in dense]
     files = select_source_files(reader.root, set(reader.shard_files), trusted)
     return ConversionPlan(
         root=reader.root,
@@ -313,8 +346,9 @@ def plan_conversion(source_root: str | Path, trusted_root: str | Path | None = N
         weight_map=weight_map,
         total_size=total,
         bf16_linears=bf16,
-        quantized_modules=sorted(experts),
+        quantized_modules=sorted([*experts, *dense]),
         other_files=files.copy,
         skipped_files=files.skipped,
         trusted_root=trusted,
+        shared_experts=shared_experts,
     )

@@ -83,6 +83,16 @@ def require_int4_source(source: CheckpointReader) -> None:
         )
 
 
+def _quantized_from_bf16(name: str, a, b, output: CheckpointReader) -> bool:
+    """A BF16 source `.weight` that convert quantized to NVFP4 (`--shared-experts nvfp4`): uint8 [out, in/2] with
+    its `weight_scale_2` beside it."""
+    module = name.removesuffix(".weight")
+    return (
+        name.endswith(".weight") and f"{module}.weight_scale_2" in output and a.dtype.is_floating_point
+        and b.dtype == torch.uint8 and len(a.shape) == 2 and list(b.shape) == [a.shape[0], a.shape[1] // 2]
+    )
+
+
 def require_matching_source(source: CheckpointReader, output: CheckpointReader) -> None:
     """Raise unless `source` is the INT4 checkpoint `output` was converted from.
 
@@ -117,6 +127,8 @@ def require_matching_source(source: CheckpointReader, output: CheckpointReader) 
         )
     for name in sorted(src_plain):
         a, b = source.info(name), output.info(name)
+        if _quantized_from_bf16(name, a, b, output):
+            continue
         if a.shape != b.shape or a.dtype != b.dtype:
             raise CheckpointError(
                 f"source does not match the converted checkpoint: source has {a.dtype} {list(a.shape)}, "

@@ -72,19 +72,29 @@ class _Issues:
 
 
 def expected_nvfp4_shapes(reader: CheckpointReader) -> dict[str, tuple[int, int]]:
-    """Module name -> (out, in) for every routed expert linear the config promises."""
+    """Module name -> (out, in) for every routed expert linear the config promises, plus the shared experts
+    where the checkpoint holds them as NVFP4."""
     t = reader.layout.text
     dims = {
         "gate_proj": (t.moe_intermediate_size, t.hidden_size),
         "up_proj": (t.moe_intermediate_size, t.hidden_size),
         "down_proj": (t.hidden_size, t.moe_intermediate_size),
     }
-    return {
+    expected = {
         reader.layout.expert_module(layer, e, proj): dims[proj]
         for layer in t.moe_layers
         for e in range(t.n_routed_experts)
         for proj in PROJS
     }
+    # Shared experts converted with `convert --shared-experts nvfp4` (their weight_scale_2 says so).
+    width = t.moe_intermediate_size * t.n_shared_experts
+    shared_dims = {"gate_proj": (width, t.hidden_size), "up_proj": (width, t.hidden_size), "down_proj": (t.hidden_size, width)}
+    for layer in t.moe_layers if t.n_shared_experts else ():
+        for proj in PROJS:
+            module = f"{reader.layout.layer_prefix(layer)}mlp.shared_experts.{proj}"
+            if f"{module}.weight_scale_2" in reader:
+                expected[module] = shared_dims[proj]
+    return expected
 
 
 def _nonfinite_count(t: torch.Tensor) -> int:
@@ -218,8 +228,9 @@ def check_structure(
         p = parse_expert_name(name)
         if p is not None and p.suffix in ("weight_packed", "weight_shape"):
             issues.add("nvfp4_tensors", f"{name}: INT4 tensor left in the converted checkpoint")
-        if p is None and output.info(name).dtype == torch.uint8 and name.endswith(".weight"):
-            issues.add("nvfp4_tensors", f"{name}: NVFP4 weight outside the routed experts")
+        if (p is None and output.info(name).dtype == torch.uint8 and name.endswith(".weight")
+                and name.removesuffix(".weight") not in expected):
+            issues.add("nvfp4_tensors", f"{name}: NVFP4 weight outside the routed (and NVFP4 shared) experts")
 
     bf16_count = _check_exclude_list(output, hf, expected, issues)
 
@@ -251,8 +262,8 @@ def check_structure(
 
     if source is not None:
         for name in sorted(source.weight_map):
-            if parse_expert_name(name) is not None:
-                continue
+            if parse_expert_name(name) is not None or name.removesuffix(".weight") in expected:
+                continue  # converted: routed experts, and shared experts quantized from BF16
             if name not in output:
                 issues.add("source_tensors", f"{name} is in the source but not in the output")
                 continue
