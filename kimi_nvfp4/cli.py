@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "demo": "kimi_nvfp4.pipeline.cli:demo_command",
     "build-demo-model": "kimi_nvfp4.demo_model.cli:build_demo_model_command",
     "data": "kimi_nvfp4.data.cli:data_command",
+    "check-engine": "kimi_nvfp4.engine_check.cli:check_engine_command",
 }
 
 _SHORT_HELP = {
@@ -41,6 +42,7 @@ _SHORT_HELP = {
     "demo": "Run the whole pipeline on the bundled tiny K2 model on CPU.",
     "build-demo-model": "Train and export the bundled tiny K2 checkpoint (reproducible).",
     "data": "Generate, inspect and split coding-agent session data.",
+    "check-engine": "Load the checkpoint with SGLang's (or vLLM's) own code on CPU; exit 1 on any miss.",
 }
 
 

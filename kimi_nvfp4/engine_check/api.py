@@ -10,7 +10,9 @@ import tempfile
 from pathlib import Path
 
 from ..errors import CheckpointError, EngineUnavailableError, KimiNvfp4Error, OutputError
+from ..checkpoint.reader import INDEX_NAME
 from .checkpoint_view import CheckpointView
+from .full_size import LISTING_NAME
 from .report import BuildDevice, Engine, EngineCheckReport
 from .sglang_session import MOE_BACKEND_FOR_SCHEME, MOE_BACKENDS
 from .worker import CheckAnswer, CheckRequest
@@ -63,6 +65,8 @@ def check_engine(
     if moe_runner_backend not in MOE_BACKENDS:
         raise KimiNvfp4Error(f"--moe-runner-backend must be one of {MOE_BACKENDS}, got {moe_runner_backend!r}")
     root = Path(checkpoint).expanduser().resolve()
+    if listing is None and (root / LISTING_NAME).is_file() and not (root / INDEX_NAME).is_file():
+        listing = root / LISTING_NAME  # a folder written by `check-engine --full-size`
     if listing is not None:
         from .full_size import read_listing
 
