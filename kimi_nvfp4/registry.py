@@ -51,6 +51,8 @@ COMMANDS: tuple[Command, ...] = (
             "Train and export the bundled tiny K2 checkpoint (reproducible)."),
     Command("data", "kimi_nvfp4.data.cli:data_command",
             "Generate, inspect and split coding-agent session data."),
+    Command("check-engine", "kimi_nvfp4.engine_check.cli:check_engine_command",
+            "Load the checkpoint with SGLang's (or vLLM's) own code on CPU; exit 1 on any miss."),
 )
 
 

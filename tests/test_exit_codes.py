@@ -11,6 +11,7 @@ from kimi_nvfp4.errors import (
     INTERNAL_ERROR_EXIT_CODE,
     CheckpointError,
     DeviceError,
+    EngineUnavailableError,
     GateFailure,
     KimiNvfp4Error,
     OutputError,
@@ -47,6 +48,7 @@ INJECTION_POINTS = {
     "demo": ("kimi_nvfp4.pipeline.stages.convert.convert_checkpoint", ["{d}/demo"]),
     "build-demo-model": ("kimi_nvfp4.demo_model.build.build_demo_model", ["{d}/demo_model"]),
     "data": ("kimi_nvfp4.data.agent_sessions.generate_agent_sessions", ["sessions", "--out", "{d}/s.jsonl"]),
+    "check-engine": ("kimi_nvfp4.engine_check.cli.check_engine", ["{d}", "--device", "meta"]),
 }
 
 
@@ -84,6 +86,7 @@ def test_an_internal_error_exits_70_with_its_traceback(command, tmp_path, monkey
         (DeviceError("x"), 5),
         (ServerLaunchError("x"), 6),
         (HubAuthError("x"), 7),
+        (EngineUnavailableError("x"), 8),
     ],
     ids=lambda v: type(v).__name__ if isinstance(v, Exception) else str(v),
 )

@@ -5,7 +5,8 @@ The plan checks the quantization scheme, every routed-expert tensor's name, dtyp
 against the config, each `weight_shape` value (8 bytes each), the router, and that no compressed
 tensor hides outside the routed experts. It then makes one job per source shard: the tensors
 copied through, and the expert matrices to convert, in groups that share one `weight_scale_2`
-(an expert's gate+up — SGLang keeps gate's for both, modelopt_quant.py
+(an expert's gate+up — one fused w13 GEMM in the engines: SGLang's TRT-LLM/CUTLASS paths use both
+halves of `w13_weight_scale_2`, its Marlin path keeps gate's, modelopt_quant.py
 `ModelOptNvFp4FusedMoEMethod.process_weights_after_loading` — and each down alone). A group is
 converted by every shard that holds one of its `weight_packed` tensors, reading partners from
 other shards; each output tensor goes to the shard of its source `weight_packed`. So shards are

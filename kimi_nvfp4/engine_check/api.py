@@ -9,8 +9,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ..checkpoint.reader import INDEX_NAME
 from ..errors import CheckpointError, EngineUnavailableError, KimiNvfp4Error, OutputError
 from .checkpoint_view import CheckpointView
+from .full_size import LISTING_NAME, read_listing
 from .report import BuildDevice, Engine, EngineCheckReport
 from .sglang_session import MOE_BACKEND_FOR_SCHEME, MOE_BACKENDS
 from .worker import CheckAnswer, CheckRequest
@@ -63,13 +65,13 @@ def check_engine(
     if moe_runner_backend not in MOE_BACKENDS:
         raise KimiNvfp4Error(f"--moe-runner-backend must be one of {MOE_BACKENDS}, got {moe_runner_backend!r}")
     root = Path(checkpoint).expanduser().resolve()
+    if listing is None and (root / LISTING_NAME).is_file() and not (root / INDEX_NAME).is_file():
+        listing = root / LISTING_NAME  # a folder written by `check-engine --full-size`
     if listing is not None:
-        from .full_size import read_listing
-
         view = CheckpointView.from_listing(root, read_listing(listing))
     else:
         view = CheckpointView.from_folder(root)
-    view.declared_scheme  # a malformed quant_algo fails here, before an engine is imported
+    _ = view.declared_scheme  # a malformed quant_algo fails here (exit 3), before an engine is imported
     build = resolve_device(device, view)
     with tempfile.TemporaryDirectory(prefix="kimi-nvfp4-engine-check-") as tmp:
         answer_path = Path(tmp) / "answer.json"

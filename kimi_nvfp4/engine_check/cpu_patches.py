@@ -48,8 +48,8 @@ def ensure_torchvision(log: PatchLog) -> None:
     install_torchvision_standin()
     log.record(
         "torchvision (whole package)",
-        f"the installed torchvision does not import on this machine ({error[:160]}); SGLang imports it at module "
-        "level in its multimodal configs and processors",
+        f"the installed torchvision does not import on this machine ({error[:160]}); the engines import it at "
+        "module level in their multimodal configs and processors",
         "a stand-in module: InterpolationMode is real, every other attribute raises when called; loading weights "
         "never processes an image",
     )

@@ -68,6 +68,25 @@ def nvfp4_listing(specs: list[TensorSpec], scheme: ActivationScheme) -> dict[str
     return out
 
 
+def write_converted_configs(
+    folder: str | Path,
+    config: dict,
+    listing: dict[str, TensorInfo],
+    *,
+    scheme: ActivationScheme,
+    kv_cache_quant_algo: str | None,
+) -> tuple[dict, dict]:
+    """hf_quant_config.json and config.json as convert (W4A16) or calibrate (W4A4) leave them for `listing`."""
+    layout = CheckpointLayout.from_config(config)
+    quantized = sorted({p.module for n in listing if (p := parse_expert_name(n)) is not None})
+    exclude = summarize_exclude_modules(bf16_linear_modules_in(layout, listing), quantized)
+    hf_quant_config, quantization_config = build_modelopt_quant_config(layout, exclude, kv_cache_quant_algo, scheme)
+    new_config = rewrite_config_for_nvfp4(config, quantization_config)
+    write_json_atomic(Path(folder) / HF_QUANT_CONFIG_NAME, hf_quant_config)
+    write_json_atomic(Path(folder) / CONFIG_NAME, new_config)
+    return hf_quant_config, new_config
+
+
 def write_full_size_checkpoint(
     folder: str | Path,
     *,
@@ -88,12 +107,7 @@ def write_full_size_checkpoint(
         config["vision_config"] = vision
         specs = [s for s in specs if not s.name.startswith(("vision_tower.", "mm_projector."))] + vision_tensor_specs(vision)
     listing = nvfp4_listing(specs, scheme)
-    layout = CheckpointLayout.from_config(config)
-    quantized = sorted({parse_expert_name(n).module for n in listing if parse_expert_name(n) is not None})
-    exclude = summarize_exclude_modules(bf16_linear_modules_in(layout, listing), quantized)
-    hf_quant_config, quantization_config = build_modelopt_quant_config(layout, exclude, kv_cache_quant_algo, scheme)
-    write_json_atomic(folder / HF_QUANT_CONFIG_NAME, hf_quant_config)
-    write_json_atomic(folder / CONFIG_NAME, rewrite_config_for_nvfp4(config, quantization_config))
+    write_converted_configs(folder, config, listing, scheme=scheme, kv_cache_quant_algo=kv_cache_quant_algo)
     path = folder / LISTING_NAME
     write_json_atomic(path, {n: {"dtype": _DTYPE_NAMES[i.dtype], "shape": list(i.shape)} for n, i in listing.items()})
     return path

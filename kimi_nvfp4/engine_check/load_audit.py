@@ -105,11 +105,18 @@ class LoadRecorder:
         return list(self._order)
 
     def _trace(self, t: torch.Tensor) -> str | None:
-        while t is not None:
-            hit = self._yielded.get(id(t))
-            if hit is not None and hit.tensor is t:
+        """The checkpoint tensor `t` is, or is a view of: by identity (also the meta device), else by memory range."""
+        for candidate in (t, t._base):
+            hit = self._yielded.get(id(candidate)) if candidate is not None else None
+            if hit is not None and hit.tensor is candidate:
                 return hit.name
-            t = t._base
+        if t.device.type == "meta" or t.numel() == 0:
+            return None
+        ptr = t.data_ptr()
+        for y in self._yielded.values():  # a view of a yielded view (whose _base is the file's buffer)
+            start = y.tensor.data_ptr()
+            if y.tensor.device == t.device and start <= ptr < start + y.tensor.numel() * y.tensor.element_size():
+                return y.name
         return None
 
     # -- the loaders

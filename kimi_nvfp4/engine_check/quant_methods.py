@@ -17,11 +17,20 @@ from .report import ModuleMethods
 KV_CACHE = "kv_cache"
 
 
-def holds_nvfp4(module: str, nvfp4: set[str], packed: Mapping[str, list[str]]) -> bool:
+def _with_ancestors(modules: Iterable[str]) -> set[str]:
+    """Every module and every dotted prefix of it (a FusedMoE `...mlp.experts` holds `...mlp.experts.0.up_proj`)."""
+    out: set[str] = set()
+    for m in modules:
+        parts = m.split(".")
+        out.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+    return out
+
+
+def holds_nvfp4(module: str, nvfp4_and_ancestors: set[str], packed: Mapping[str, list[str]]) -> bool:
     """Whether the checkpoint holds NVFP4 tensors for engine module `module` (see the module docstring)."""
     parent, _, leaf = module.rpartition(".")
     names = [f"{parent}.{shard}" if parent else shard for shard in packed.get(leaf, [])] or [module]
-    return any(n in nvfp4 or any(m.startswith(n + ".") for m in nvfp4) for n in names)
+    return any(n in nvfp4_and_ancestors for n in names)
 
 
 def audit_methods(
@@ -32,7 +41,7 @@ def audit_methods(
     kv_cache_declared: bool,
 ) -> ModuleMethods:
     """`assigned`: (module, engine method class, engine treats it as NVFP4 — None for a KV-cache method)."""
-    nvfp4 = set(nvfp4_modules)
+    nvfp4 = _with_ancestors(nvfp4_modules)
     out = ModuleMethods()
     for module, method, engine_nvfp4 in assigned:
         out.by_method[method] = out.by_method.get(method, 0) + 1

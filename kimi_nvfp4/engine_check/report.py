@@ -50,6 +50,7 @@ class TensorAccounting(_Model):
     read_not_indexed: list[str] = Field(default_factory=list)
     dropped: list[str] = Field(default_factory=list)  # yielded, never reached a weight loader
     fused: dict[str, list[str]] = Field(default_factory=dict)  # parameter -> checkpoint tensors concatenated into it
+    routing: str = "a weight loader received it, directly or concatenated by the model's loader"  # what "routed" means
 
 
 class ParameterVerdict(str, Enum):
@@ -155,9 +156,11 @@ class EngineCheckReport(_Model):
                 "## Tensors",
                 "",
                 markdown_table(
-                    ["in checkpoint", "read", "routed to a loader", "not read", "dropped", "fused parameters"],
+                    ["in checkpoint", "read", "routed", "not read", "dropped", "fused parameters"],
                     [(t.in_checkpoint, t.read, t.routed, len(t.not_read), len(t.dropped), len(t.fused))],
                 ),
+                "",
+                f"Routed: {t.routing}.",
                 "",
             ]
         rows = sorted(self.modules.by_method.items())
@@ -169,11 +172,14 @@ class EngineCheckReport(_Model):
             "",
             markdown_table(["engine method", "modules"], rows) if rows else "(none)",
             "",
-            "## Parameters",
-            "",
-            f"{self.parameters_written} of {self.parameters_total} parameters fully written by the checkpoint.",
-            "",
         ]
+        if self.parameters_total:
+            lines += [
+                "## Parameters",
+                "",
+                f"{self.parameters_written} of {self.parameters_total} parameters fully written by the checkpoint.",
+                "",
+            ]
         if self.parameter_findings:
             shown = self.parameter_findings[:MAX_LISTED]
             lines += [

@@ -114,7 +114,11 @@ def run_sglang_check(view: CheckpointView, device: BuildDevice, settings: Sglang
         )
         mc = session.model_config
         load_config = LoadConfig(load_format="auto")
-        quant_config = sgl_loader._get_quantization_config(mc, load_config)
+        try:
+            quant_config = sgl_loader._get_quantization_config(mc, load_config)
+        except Exception as e:  # SGLang refuses the quantization config: the server would not start either
+            report.errors.append(f"_get_quantization_config raised {type(e).__name__}: {e}")
+            return _finish(report, log, started)
         report.ran.append("ModelConfig.from_server_args + model_loader.loader._get_quantization_config")
         report.engine_view = {
             "quantization": str(mc.quantization),
@@ -124,15 +128,19 @@ def run_sglang_check(view: CheckpointView, device: BuildDevice, settings: Sglang
             "group_size": str(getattr(quant_config, "group_size", "?")),
             "exclude entries after apply_weight_name_mapper": str(len(getattr(quant_config, "exclude_modules", []))),
         }
+        backend = get_moe_runner_backend()
         report.settings = {
-            "moe runner backend": str(get_moe_runner_backend().value if hasattr(get_moe_runner_backend(), "value")
-                                      else get_moe_runner_backend()),
+            "moe runner backend": str(getattr(backend, "value", backend)),
             "attention backend": str(session.server_args.attention_backend),
             "kv cache dtype": str(session.server_args.kv_cache_dtype),
             "tensor parallel size": str(session.server_args.tp_size),
         }
-        with sgl_loader.set_default_torch_dtype(mc.dtype), torch.device(device.value):
-            model = sgl_loader._initialize_model(mc, load_config, quant_config)
+        try:
+            with sgl_loader.set_default_torch_dtype(mc.dtype), torch.device(device.value):
+                model = sgl_loader._initialize_model(mc, load_config, quant_config)
+        except Exception as e:  # e.g. a config key SGLang's model reads is missing
+            report.errors.append(f"SGLang could not build the model: {type(e).__name__}: {e}")
+            return _finish(report, log, started)
         report.ran.append(f"model_loader.loader._initialize_model on {device.value} ({type(model).__name__})")
         packed = dict(getattr(quant_config, "packed_modules_mapping", None) or {})
         report.modules = audit_methods(
@@ -142,6 +150,10 @@ def run_sglang_check(view: CheckpointView, device: BuildDevice, settings: Sglang
             report.not_run.append("weight loading: skipped, the engine would build parameters for another format")
         else:
             _load_and_audit(_Run(report, view, device, log, session, model, load_config))
+    return _finish(report, log, started)
+
+
+def _finish(report: EngineCheckReport, log: PatchLog, started: float) -> EngineCheckReport:
     report.patches = log.patches
     report.seconds = time.perf_counter() - started
     return report

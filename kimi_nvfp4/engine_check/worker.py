@@ -17,6 +17,7 @@ from ..errors import KimiNvfp4Error
 from .checkpoint_view import CheckpointView
 from .full_size import read_listing
 from .report import BuildDevice, Engine, EngineCheckReport
+from .sglang_session import MOE_BACKEND_FOR_SCHEME
 
 
 class CheckRequest(BaseModel):
@@ -25,7 +26,7 @@ class CheckRequest(BaseModel):
     checkpoint: str
     engine: Engine
     device: BuildDevice
-    moe_runner_backend: str = "for-scheme"
+    moe_runner_backend: str = MOE_BACKEND_FOR_SCHEME
     listing: str | None = None  # a listing JSON (full_size.py) instead of shard headers
     answer: str  # where the worker writes its CheckAnswer
 

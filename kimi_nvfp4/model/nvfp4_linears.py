@@ -2,9 +2,12 @@
 
 Rules (sglang python/sglang/srt/layers/quantization/modelopt_quant.py, ModelOptNvFp4FusedMoEMethod
 and ModelOptFp4LinearMethod `process_weights_after_loading`):
-- Routed experts, gate (w1) and up (w3) are one GEMM (w13) with ONE tensor scale, gate's:
-  `w13_weight_scale_2 = layer.w13_weight_scale_2[:, 0]` (a mismatch only logs "w1_weight_scale_2 must
-  match w3_weight_scale_2"). So up is dequantized with gate's weight_scale_2 here too.
+- Routed experts, gate (w1) and up (w3) are one GEMM (w13). SGLang 0.5.23 stores both tensor scales
+  (`w13_weight_scale_2` [E, 2]); its TRT-LLM/CUTLASS paths use both (`_compute_gemm1_alphas`:
+  g1_alphas, g1_alphas_up), its Marlin path keeps gate's (`w13_weight_scale_2[:, 0]`, a mismatch only
+  logs "w1_weight_scale_2 must match w3_weight_scale_2"). Our checkpoints give gate and up one shared
+  scale, so every path agrees; here up is dequantized with gate's (the Marlin rule), which a checkpoint
+  with unequal halves would show in validation.
 - Expert input scales on the flashinfer backends (`flashinfer_trtllm`, the Blackwell default for
   Kimi; and `flashinfer_cutlass`): `w13_input_scale = layer.w13_input_scale.max()`,
   `w2_input_scale = layer.w2_input_scale.max()` -- ONE activation scale per MoE layer for gate/up

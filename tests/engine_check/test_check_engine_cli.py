@@ -1,0 +1,51 @@
+"""`kimi-nvfp4 check-engine` exit codes that need no engine: bad input (3), engine missing (8), misses (1)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import pytest
+
+from kimi_nvfp4.cli import main
+from kimi_nvfp4.engine_check import cli as engine_cli
+from kimi_nvfp4.engine_check.report import BuildDevice, Engine, EngineCheckReport, ValueCheck
+from kimi_nvfp4.engine_check.sglang_session import sglang_version
+from kimi_nvfp4.errors import EngineUnavailableError
+
+
+def _exit_code(argv: list[str]) -> int:
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    return e.value.code
+
+
+def test_a_folder_that_is_not_a_converted_checkpoint_exits_3_before_any_engine_runs(tiny_int4_checkpoint, capsys):
+    assert _exit_code(["check-engine", str(tiny_int4_checkpoint)]) == 3  # the INT4 source: no hf_quant_config.json
+    assert "hf_quant_config.json is missing" in capsys.readouterr().err
+
+
+def test_missing_engine_exits_8(monkeypatch, tmp_path, capsys):
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    with pytest.raises(EngineUnavailableError) as e:
+        sglang_version()
+    assert e.value.exit_code == 8 and "requirements-engines-cpu.txt" in str(e.value)
+
+    def check_engine(*args, **kwargs):
+        raise EngineUnavailableError("SGLang is not installed")
+
+    monkeypatch.setattr(engine_cli, "check_engine", check_engine)
+    assert _exit_code(["check-engine", str(tmp_path)]) == 8
+    assert "SGLang is not installed" in capsys.readouterr().err
+
+
+def test_a_miss_exits_1_and_is_printed(monkeypatch, tmp_path, capsys):
+    report = EngineCheckReport(engine=Engine.SGLANG, engine_version="0.5.23", checkpoint=str(tmp_path),
+                               device=BuildDevice.CPU,
+                               values=[ValueCheck(name="expert bytes", passed=False, checked=1, detail="differ")])
+    monkeypatch.setattr(engine_cli, "check_engine", lambda *a, **k: report)
+    assert _exit_code(["check-engine", str(tmp_path)]) == 1
+    out = capsys.readouterr()
+    assert "miss: value check expert bytes: differ" in out.out and "1 misses" in out.err
