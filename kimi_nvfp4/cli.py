@@ -34,7 +34,7 @@ class LazyGroup(click.Group):
 
 
 # Commands that run data-parallel under torchrun (kimi_nvfp4.distributed).
-DISTRIBUTED_COMMANDS = ("calibrate", "validate")
+DISTRIBUTED_COMMANDS = ("convert", "calibrate", "validate")
 GPUS_OPTION = "--gpus"
 
 

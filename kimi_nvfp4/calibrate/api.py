@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import torch
-from tqdm.auto import tqdm
 
 from ..checkpoint.output_lock import holds_output_lock
 from ..checkpoint.reader import CheckpointReader
 from ..checkpoint.writer import ShardWriter
 from ..distributed import RankContext, rank_context
+from ..stage_kit.progress import job_tokens, layer_progress
 from ..model import LayerStreamRunner, NVFP4Weights
 from ..model.linear import NVFP4Linear
 from ..model.runner import CUDA_MAX_CHUNK_TOKENS, DEFAULT_MAX_CHUNK_TOKENS
@@ -215,7 +215,8 @@ def run_calibration(
     states = runner.embed(sequences)
     collector = ActivationCollector(device=device)
     run = CalibrationRun({}, [], [], dtype=dtype_name(compute_dtype), max_chunk_tokens=max_chunk_tokens)
-    for layer in tqdm(todo, desc="calibrate: layers", disable=not progress):
+    tokens = job_tokens(ctx, sum(int(s.numel()) for s in sequences))
+    for layer in layer_progress(todo, tokens_per_layer=tokens, desc="calibrate: layers", enabled=progress):
         t0 = time.perf_counter()
         collector.start_layer(layer)
         modules = quantized_modules(reader, layer)

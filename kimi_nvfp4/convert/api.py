@@ -7,6 +7,8 @@ releases the GIL in its kernels and each job's bytes do not depend on scheduling
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import shutil
 import threading
@@ -29,6 +31,7 @@ from ..checkpoint.manifest import (
     save_manifest,
 )
 from ..checkpoint.nesting import refuse_nested
+from ..distributed import RankContext, rank_context
 from ..checkpoint.output_lock import output_lock
 from ..checkpoint.modelopt_config import (
     HF_QUANT_CONFIG_NAME,
@@ -47,6 +50,7 @@ from ..stage_kit.device import resolve_device
 from .options import ConvertOptions
 from .output import OutputState, prepare_output
 from .plan import ConversionPlan, ShardJob, plan_conversion
+from .ranks import JournalRecorder, assign_jobs, failure_of, raise_first_failure, remove_journals
 from .shared_experts import SharedExperts
 from .source import resolve_source, source_record
 from .source_files import checked_source_path
@@ -60,7 +64,7 @@ class ConversionSummary:
     source: str
     device: str
     method: str
-    workers: int
+    workers: int  # per rank
     shards_total: int
     shards_converted: int
     shards_skipped: int
@@ -78,6 +82,7 @@ class ConversionSummary:
     # what the output declares: "w4a16" (weight-only) until calibrate installs the input scales
     activations: str = ActivationScheme.W4A16.value
     shared_experts: str = SharedExperts.BF16.value  # bf16 (copied) or nvfp4 (quantized; counted in matrices_converted)
+    ranks: int = 1  # processes of a torch.distributed run (convert/ranks.py); each converted a share of the shards
 
     @property
     def gb_per_s(self) -> float:
@@ -181,18 +186,25 @@ def convert_checkpoint(
         ),
     )
     start = time.perf_counter()
-    with output_lock(output, "convert"):
-        state = prepare_output(output, fresh, overwrite=overwrite)
+    ctx = rank_context(dev)
+    dev = ctx.device(dev)
+    # Under torchrun rank 0 alone owns the folder (lock, manifest, finish); see convert/ranks.py.
+    with output_lock(output, "convert") if ctx.is_main else contextlib.nullcontext():
+        state, record = _prepare(ctx, output, fresh, {j.file for j in plan.jobs}, overwrite=overwrite, durable=fsync)
         todo = [job for job in plan.jobs if job.file not in state.finished]
         results: list[ShardResult] = []
         # A finished conversion is left untouched: calibrate may since have added input scales to its index.
-        if todo or not state.was_complete:
-            record = _ShardRecorder(output, state, durable=fsync)
-            results = _run_jobs(
-                todo, plan, record, method=method, device=dev, workers=workers, progress=progress,
-                record_stats=record_stats, shared_expert_scales=opts.shared_expert_scales,
+        if record is not None:
+            run = functools.partial(
+                _run_jobs, plan=plan, record=record, method=method, device=dev, workers=workers,
+                progress=progress and ctx.is_main, record_stats=record_stats,
+                shared_expert_scales=opts.shared_expert_scales,
             )
-            _finish(plan, output, state.manifest, kv_cache_quant_algo, durable=fsync)
+            if ctx.distributed:
+                results = _run_on_ranks(ctx, todo, run, record)
+            else:
+                results = run(todo)
+            _finish_on_main(ctx, output, lambda: _finish(plan, output, state.manifest, kv_cache_quant_algo, durable=fsync))
     seconds = time.perf_counter() - start
     return ConversionSummary(
         output=str(output),
@@ -200,6 +212,7 @@ def convert_checkpoint(
         device=str(dev),
         method=method.value,
         workers=workers,
+        ranks=ctx.world_size,
         shards_total=len(plan.jobs),
         shards_converted=len(results),
         shards_skipped=len(plan.jobs) - len(todo),
@@ -216,6 +229,75 @@ def convert_checkpoint(
         activations=declared_scheme(output).value,
         shared_experts=opts.shared_experts.value,
     )
+
+
+def _prepare(
+    ctx: RankContext, output: Path, fresh: ConversionManifest, shard_files: set[str], *, overwrite: bool, durable: bool
+) -> tuple[OutputState, Any]:
+    """The folder's state and this rank's shard recorder (None: nothing to do, the conversion is complete).
+
+    Rank 0 checks and prepares the folder and starts the manifest (folding in other ranks' journals of an earlier
+    run, then removing them) BEFORE any other rank starts writing; the others learn the finished shards from it.
+    """
+    state, record, error = None, None, None
+    if ctx.is_main:
+        try:
+            state = prepare_output(output, fresh, overwrite=overwrite)
+            if shard_files - state.finished or not state.was_complete:
+                record = _ShardRecorder(output, state, durable=durable)
+            remove_journals(output)  # their shards are in the manifest now (prepare_output)
+        except Exception as e:  # noqa: BLE001 - every rank must hear of it before anyone raises
+            if not ctx.distributed:
+                raise
+            error = e
+    if not ctx.distributed:
+        return state, record
+    shared = ctx.broadcast_object(
+        (failure_of(error), None if state is None else sorted(state.finished), record is not None)
+    )
+    failure, finished, work = shared
+    raise_first_failure(ctx, [failure], error)
+    if ctx.is_main:
+        return state, record
+    state = OutputState(fresh, set(finished), resumed=bool(finished), was_complete=not work)
+    digest = conversion_sha256(fresh.settings, fresh.source.fingerprint)
+    return state, (JournalRecorder(output, ctx.rank, digest, durable=durable) if work else None)
+
+
+def _run_on_ranks(ctx: RankContext, todo: list[ShardJob], run, record) -> list[ShardResult]:
+    """This rank's share of `todo`, then every rank's results (rank 0 records the others' in the manifest)."""
+    mine = assign_jobs(todo, ctx.world_size)[ctx.rank]
+    results: list[ShardResult] = []
+    error = None
+    try:
+        results = run(mine)
+    except Exception as e:  # noqa: BLE001 - reported to every rank below, then re-raised
+        error = e
+    outcomes = ctx.all_gather_object((results, failure_of(error)))
+    raise_first_failure(ctx, [failure for _, failure in outcomes], error)
+    by_file = {r.written.file: r for part, _ in outcomes for r in part}
+    if ctx.is_main:
+        for rank, (part, _) in enumerate(outcomes):
+            if rank != ctx.rank:
+                for result in part:
+                    record(result)
+    return [by_file[j.file] for j in todo if j.file in by_file]
+
+
+def _finish_on_main(ctx: RankContext, output: Path, finish) -> None:
+    """Rank 0 writes the rest of the folder; every rank returns only once it is complete (or fails as it did)."""
+    error = None
+    if ctx.is_main:
+        try:
+            finish()
+            if ctx.distributed:
+                remove_journals(output)  # every rank's shards are in the manifest now
+        except Exception as e:  # noqa: BLE001
+            if not ctx.distributed:
+                raise
+            error = e
+    if ctx.distributed:
+        raise_first_failure(ctx, [ctx.broadcast_object(failure_of(error))], error)
 
 
 class _ShardRecorder:

@@ -6,7 +6,9 @@
 - holding our manifest with other settings or another source: refused unless `overwrite`, which
   empties the folder first (only a folder our manifest marks as ours is ever emptied);
 - holding anything else: always refused.
-Our own hidden files never count as foreign content: the folder's lock file and shard stamps, and leftover
+Our own hidden files never count as foreign content: the folder's lock file and shard stamps, the journals of a
+torch.distributed run's other ranks (convert/ranks.py: their shards are folded into the manifest's records and checked
+like the rest), and leftover
 `.NAME.partial` files of an interrupted run (removed before converting; a run killed while writing its very first
 manifest leaves only `.kimi_nvfp4_manifest.json.partial`, and the next run starts afresh).
 
@@ -39,6 +41,7 @@ from ..checkpoint.manifest import (
 from ..checkpoint.output_lock import LOCK_NAME
 from ..checkpoint.writer import is_partial_name, sha256_file
 from ..errors import CheckpointError, OutputError
+from .ranks import is_journal_name, load_journals, remove_journals
 
 # Hidden files of ours that say nothing about whose folder it is (the lock may be taken before the first manifest).
 _BOOKKEEPING = frozenset({LOCK_NAME, STAMPS_NAME})
@@ -76,7 +79,7 @@ def _remove_partials(output: Path, entries: list[str]) -> None:
 
 
 def _ours(name: str) -> bool:
-    return name in _BOOKKEEPING or is_partial_name(name)
+    return name in _BOOKKEEPING or is_partial_name(name) or is_journal_name(name)
 
 
 def prepare_output(output: Path, fresh: ConversionManifest, *, overwrite: bool) -> OutputState:
@@ -90,6 +93,7 @@ def prepare_output(output: Path, fresh: ConversionManifest, *, overwrite: bool) 
     foreign = [name for name in entries if not _ours(name)]
     if not foreign:
         _remove_partials(output, entries)
+        remove_journals(output)  # no manifest: nothing of an earlier run is trusted
         return OutputState(fresh, set(), resumed=False)
     if MANIFEST_NAME not in foreign:
         shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
@@ -114,6 +118,13 @@ def prepare_output(output: Path, fresh: ConversionManifest, *, overwrite: bool) 
     same_boot = previous.boot_id is not None and previous.boot_id == current_boot_id()
     digest = conversion_sha256(fresh.settings, fresh.source.fingerprint)
     stamps = load_stamps(output)
+    for journal in load_journals(output):
+        # shards other ranks of a torch.distributed run finished (convert/ranks.py): checked like our own below
+        for file, entry in journal.shards.items():
+            previous.shards.setdefault(file, entry.record)
+            previous.tensor_stats.update(entry.tensor_stats)
+            if entry.stamp is not None and file not in stamps:
+                stamps[file] = entry.stamp
     finished = {
         f for f, rec in previous.shards.items() if _still_finished(output / f, rec, digest, stamps.get(f), same_boot)
     }

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-from tqdm.auto import tqdm
+from ..stage_kit.progress import job_tokens, layer_progress
 
 from ..stage_kit.device import AUTO_DTYPE, dtype_name, resolve_device, resolve_dtype, synchronize
 from ..stage_kit.pairing import require_converted, require_matching_source
@@ -233,7 +233,9 @@ def compare_streams(
     cfg = out_reader.layout.text
     result = StreamComparison([], [], [], None, {})
 
-    for layer in tqdm(range(cfg.num_hidden_layers), desc="validate: layers", disable=not progress):
+    tokens = job_tokens(ctx, sum(int(s.numel()) for s in sequences))
+    for layer in layer_progress(range(cfg.num_hidden_layers), tokens_per_layer=tokens, desc="validate: layers",
+                                enabled=progress):
         t0 = time.perf_counter()
         w_ref = ref_runner.load_layer(layer)
         w_nv = _load_nvfp4_layer(nv_runner, fallback_source, layer, device, compute_dtype, states, result)
