@@ -142,7 +142,8 @@ def render_document(text: str, root: Path = REPO_ROOT, doc_name: str = str(DOC_P
     cursor = 0
     for block in find_blocks(text, doc_name):
         out += lines[cursor : block.open_line]
-        out += [block.marker, render_block(block, root), CLOSE_MARKER]
+        # Blank lines around the body: a table must not run into the closing comment in a markdown renderer.
+        out += [block.marker, "", render_block(block, root), "", CLOSE_MARKER]
         cursor = block.close_line + 1
     out += lines[cursor:]
     return "\n".join(out)
