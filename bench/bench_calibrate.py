@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -41,6 +42,9 @@ from kimi_nvfp4.stage_kit.device import resolve_device
 from kimi_nvfp4.checkpoint.reader import CheckpointReader
 from kimi_nvfp4.convert.api import convert_checkpoint
 from kimi_nvfp4.synth import create_synthetic_checkpoint
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import provenance  # noqa: E402  (bench/ is not a package when run as a script)
 
 K26_LAYERS = 61
 K26_DENSE_LAYERS = 1
@@ -162,12 +166,15 @@ def compare_policies(args, dev: torch.device) -> dict:
             )
             print(json.dumps(rows[-1]))
     return {
+        "device": str(dev),
         "model": "demo (kimi_nvfp4/assets/tiny_k2)",
         "data": data,
         "samples": args.samples,
         "seq_len": args.seq_len,
         "min_expert_tokens": args.min_expert_tokens,
+        "validate_samples": args.validate_samples,
         "rows": rows,
+        **provenance(),
     }
 
 
@@ -198,6 +205,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--synth-device", default="cpu", help="where the synthetic checkpoint is generated (cuda: fast)")
     ap.add_argument("--json", type=Path, default=Path("bench_calibrate.json"))
+    ap.add_argument("--label", default=None, help="what this run measures (the row's name in docs/benchmarks.md)")
     ap.add_argument("--compare-policies", action="store_true", help="peer-max vs route-all on the demo model")
     ap.add_argument("--validate-samples", type=int, default=64, help="held-out sequences for --compare-policies")
     args = ap.parse_args()
@@ -269,6 +277,10 @@ def main() -> None:
             if per_moe and dev.type == "cuda" else None
         ),
         "peak_gpu_memory_gib": torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None,
+        "bf16_peak_tflops": H200_BF16_MEASURED_TFLOPS if dev.type == "cuda" else None,
+        "projection_from": f"{len(run.layer_seconds)} synthetic layers x {len(seqs)} sequences x {args.seq_len} tokens",
+        "label": args.label,
+        **provenance(),
     }
     args.json.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "layer_seconds"}, indent=2))

@@ -224,6 +224,7 @@ def parse_args() -> argparse.Namespace:
                    help="Our scale method(s) to time; repeat for several (default: int4-aware).")
     p.add_argument("--peer-python", default=sys.executable, help="Python that has llmcompressor installed.")
     p.add_argument("--skip-peer", action="store_true")
+    p.add_argument("--json", default=None, help="Also write the report here (bench/results/...).")
     p.add_argument("--also-no-stats", action="store_true",
                    help="Also time each method with --no-stats (no per-matrix error statistics; same bytes).")
     p.add_argument("--also-no-fsync", action="store_true",
@@ -288,8 +289,15 @@ def main() -> None:
                 for method, ours in report["ours"].items()
             }
         report["peer"] = peer
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from provenance import provenance
+
+    report.update(provenance())
     stem = work / f"bench_convert_{args.device}"
     stem.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+    if args.json:  # e.g. bench/results/...: the file docs/benchmarks.md's convert_vs_peer tables render from
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     text = markdown(report)
     stem.with_suffix(".md").write_text(text)
     print(text)

@@ -251,7 +251,11 @@ def main(device, preset, tokens, seq_len, experts, modes, max_chunk_tokens, mate
             f"{r['tokens_per_s']:>10.1f} {r['peak_memory_bytes'] / 2**30:>9.2f}"
         )
     if json_path:
-        json_path.write_text(json.dumps({"argv": sys.argv[1:], "torch": torch.__version__, "results": results}, indent=2))
+        from provenance import provenance
+
+        device_name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+        record = {"argv": sys.argv[1:], "device": device_name, "results": results, **provenance()}
+        json_path.write_text(json.dumps(record, indent=2) + "\n")
 
 
 if __name__ == "__main__":

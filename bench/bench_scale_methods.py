@@ -23,6 +23,7 @@ import json
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -35,6 +36,9 @@ from kimi_nvfp4.numerics.methods import (
     weight_only_methods,
 )
 from kimi_nvfp4.numerics.nvfp4 import NVFP4Tensor
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import provenance  # noqa: E402  (bench/ is not a package when run as a script)
 
 HIDDEN = 7168
 MOE_INTERMEDIATE = 2048
@@ -267,7 +271,10 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(summaries))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": device_name, "source": source, "experts": len(experts), "results": summaries}, f, indent=2)
+            record = {"device": device_name, "source": source, "experts": len(experts), "rows": args.rows,
+                      "results": summaries, **provenance()}
+            json.dump(record, f, indent=2)
+            f.write("\n")
     return 0
 
 

@@ -12,7 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import provenance  # noqa: E402  (bench/ is not a package when run as a script)
 
 
 def main() -> None:
@@ -51,7 +55,11 @@ def main() -> None:
             row[e.mode] = {"kl_mean": e.kl_mean, "kl_p99": e.kl_p99, "top1": e.top1, "ppl_ratio": e.ppl_ratio}
         print(json.dumps(row), flush=True)
         rows.append(row)
-    args.json.write_text(json.dumps(rows, indent=2))
+    args.json.write_text(json.dumps({"device": "cpu", "model": "demo (kimi_nvfp4/assets/tiny_k2)", "data": "builtin",
+                                     "samples": args.samples, "seq_len": args.seq_len,
+                                     "min_expert_tokens": args.min_expert_tokens,
+                                     "validate_samples": args.validate_samples, "rows": rows, **provenance()},
+                                    indent=2) + "\n")
 
 
 if __name__ == "__main__":

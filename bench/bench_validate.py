@@ -41,6 +41,7 @@ def main() -> None:
 
     sys.path.insert(0, str(Path(__file__).parent))
     from bench_calibrate import H200_BF16_MEASURED_TFLOPS, moe_layer_flops_per_token, prepare, sequences
+    from provenance import provenance
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="auto")
@@ -59,6 +60,7 @@ def main() -> None:
     ap.add_argument("--synth-device", default="cpu", help="where to synthesize the checkpoint (cuda: ~15 s at 384 experts)")
     ap.add_argument("--dtype", default="auto", help="compute dtype of the streams (auto: bf16 on CUDA)")
     ap.add_argument("--json", type=Path, default=Path("bench_validate.json"))
+    ap.add_argument("--label", default=None, help="what this run measures (the row's name in docs/benchmarks.md)")
     args = ap.parse_args()
 
     dev = resolve_device(args.device)
@@ -144,6 +146,9 @@ def main() -> None:
         ),
         "goal_minutes": 30,
         "projection_from": f"{cfg.num_hidden_layers} synthetic layers x {len(seqs)} sequences x {args.seq_len} tokens",
+        "bf16_peak_tflops": H200_BF16_MEASURED_TFLOPS if dev.type == "cuda" else None,
+        "label": args.label,
+        **provenance(),
     }
     args.json.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps({k: v for k, v in report.items() if k != "layer_seconds"}, indent=2))

@@ -65,9 +65,13 @@ case $part in
     # 256 x 2048 tokens (one dense + one MoE layer; one synthetic checkpoint for both).
     step gpu_tests 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/numerics tests/convert tests/model tests/calibrate tests/validate
     step calibrate 270 python3 bench/bench_calibrate.py --device cuda --work-dir /tmp/kimi_bench --json "$out/calibrate_256x2048.json" \
-      --layers 2 --experts 384 --vocab-size 16384 --samples ${SAMPLES:-256} --seq-len 2048 --synth-device cuda
+      --layers 2 --experts 384 --vocab-size 16384 --samples ${SAMPLES:-256} --seq-len 2048 --synth-device cuda \
+      ${LABEL:+--label "$LABEL"}
     step validate 270 python3 bench/bench_validate.py --device cuda --work-dir /tmp/kimi_bench --json "$out/validate_256x2048.json" \
-      --layers 2 --experts 384 --vocab-size 16384 --samples ${SAMPLES:-256} --seq-len 2048 --synth-device cuda
+      --layers 2 --experts 384 --vocab-size 16384 --samples ${SAMPLES:-256} --seq-len 2048 --synth-device cuda \
+      ${LABEL:+--label "$LABEL"}
+    # Result files for docs/benchmarks.md §10: copy $out/{calibrate,validate}_256x2048.json to bench/results/ under
+    # a telling name, add them to the §10 blocks' `from` lists and run `python bench/render_benchmarks.py`.
     ;;
   calibrate384)
     # One dense + one MoE layer with K2.6's real 384 experts, 64 x 2048 tokens.

@@ -72,6 +72,7 @@ def _profiled(fn):
 def main() -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     from bench_calibrate import prepare, sequences
+    from provenance import provenance
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="auto")
@@ -96,7 +97,9 @@ def main() -> None:
         install_input_scales(out, run.scales, stage_settings={"bench": True})
         reader = CheckpointReader(out)
     seqs = sequences(reader, out, args.samples, args.seq_len, None, 1)
-    result: dict = {"device": str(dev), "samples": args.samples, "seq_len": args.seq_len, "experts": args.experts}
+    device_name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else str(dev)
+    result: dict = {"device": device_name, "samples": args.samples, "seq_len": args.seq_len, "experts": args.experts,
+                    **provenance()}
 
     if "calibrate" not in args.skip:
         run, wall, prof, pr = _profiled(

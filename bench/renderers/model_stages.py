@@ -1,0 +1,141 @@
+"""Tables of the model stages' benchmarks: bench_calibrate.py, bench_validate.py, profile_model_stages.py."""
+
+from __future__ import annotations
+
+from .common import (
+    BenchmarkRenderError,
+    BlockContext,
+    ResultFile,
+    num,
+    percent,
+    projection_note,
+    provenance,
+    renderer,
+    table,
+    thousands,
+)
+
+# The sequence count bench_calibrate.py and bench_validate.py scale their projections to (issue #13's goal).
+PROJECTED_SEQUENCES = 512
+PROFILE_TOP_OPS = 6
+PROFILE_OP_NAME_CHARS = 60
+
+
+def _projection_source(result: ResultFile) -> str:
+    """What the file's projection extrapolates from, as recorded; older calibrate files lack the field, so it
+    is read off the figures they do record (layers measured, sequences, tokens per sequence)."""
+    data = result.data
+    if data.get("projection_from"):
+        return str(data["projection_from"])
+    layers = len(data.get("layer_seconds") or [])
+    return f"{layers} synthetic layers x {data.get('samples')} sequences x {data.get('seq_len')} tokens"
+
+
+def _model_tflops(data: dict) -> str:
+    """Model TFLOP/s with the fraction of the bf16 peak the run compared against (recorded, or implied by
+    the two figures the file records)."""
+    tflops, fraction = data.get("moe_layer_model_tflops_per_s"), data.get("fraction_of_bf16_peak")
+    if tflops is None:
+        return num(None)
+    if not fraction:
+        return f"{tflops:.0f}"
+    peak = data.get("bf16_peak_tflops") or tflops / fraction
+    return f"{tflops:.0f} ({percent(fraction, 0)} of {peak:.0f})"
+
+
+def _samples(data: dict) -> str:
+    return f"{data['samples']} x {data['seq_len']}"
+
+
+@renderer("calibrate_stage_timings")
+def calibrate_stage_timings(ctx: BlockContext) -> str:
+    """Calibrate's per-layer times on K2.6-shaped layers and the whole-model projection (bench_calibrate.py)."""
+    rows = []
+    for r in ctx.results:
+        r.require("samples", "seq_len", "moe_layer_seconds", "dense_layer_seconds",
+                  "projected_k26_61_layers_512x2048_minutes")
+        d = r.data
+        rows.append([
+            f"`{r.label}`", _samples(d), d.get("dtype") or num(None), num(d["moe_layer_seconds"]),
+            num(d["dense_layer_seconds"]), thousands(d.get("moe_layer_tokens_per_second")), _model_tflops(d),
+            num(d.get("peak_gpu_memory_gib"), 1),
+            f"{d['projected_k26_61_layers_512x2048_minutes']:.1f} (goal {d.get('goal_minutes', num(None))})",
+        ])
+    headers = ["run", "sequences x tokens", "dtype", "per MoE layer s", "per dense layer s", "MoE tokens/s",
+               "MoE model TFLOP/s (of bf16 peak)", "peak GPU GiB",
+               f"**projected** whole K2.6, {PROJECTED_SEQUENCES} x 2048, min"]
+    note = projection_note(
+        ctx.results, f"1 dense + 60 MoE layers at the measured per-layer times, scaled linearly to "
+        f"{PROJECTED_SEQUENCES} sequences", _projection_source,
+    )
+    return "\n\n".join([provenance(ctx), table(headers, rows), note])
+
+
+@renderer("validate_stage_timings")
+def validate_stage_timings(ctx: BlockContext) -> str:
+    """Validate's per-layer, logits and structure-scan times and the projection (bench_validate.py)."""
+    rows = []
+    for r in ctx.results:
+        r.require("samples", "seq_len", "tokens", "moe_layer_seconds", "dense_layer_seconds", "logits_seconds",
+                  "structure_seconds", "projected_k26_61_layers_512_sessions_minutes")
+        d = r.data
+        per_moe = d["moe_layer_seconds"]
+        rows.append([
+            f"`{r.label}`", _samples(d), ", ".join(d.get("modes") or []), num(per_moe), num(d["dense_layer_seconds"]),
+            num(d["logits_seconds"]), num(d["structure_seconds"]),
+            thousands(d["tokens"] / per_moe if per_moe else None), _model_tflops(d),
+            num(d.get("peak_gpu_memory_gib"), 1),
+            f"{d['projected_k26_61_layers_512_sessions_minutes']:.1f} (goal {d.get('goal_minutes', num(None))})",
+        ])
+    headers = ["run", "sequences x tokens", "modes", "per MoE layer s", "per dense layer s", "logits s",
+               "structure scan s", "MoE tokens/s", "MoE model TFLOP/s (of bf16 peak)", "peak GPU GiB",
+               f"**projected** whole K2.6, {PROJECTED_SEQUENCES} sessions, min"]
+    note = projection_note(
+        ctx.results, f"1 dense + 60 MoE layers at the measured per-layer times and logits scaled linearly to "
+        f"{PROJECTED_SEQUENCES} sessions, plus the structure scan scaled by checkpoint bytes to 595 GB",
+        _projection_source,
+    )
+    return "\n\n".join([provenance(ctx), table(headers, rows), note])
+
+
+@renderer("validate_end_to_end_quality")
+def validate_end_to_end_quality(ctx: BlockContext) -> str:
+    """KL, top-1 and perplexity ratio of each NVFP4 mode against the INT4 stream, per validate run."""
+    rows = []
+    for r in ctx.results:
+        r.require("end_to_end")
+        for e in r.data["end_to_end"]:
+            rows.append([
+                f"`{r.label}`", e["mode"], str(e["positions"]), num(e["kl_mean"], 4), num(e["kl_p99"], 4),
+                num(e["kl_max"], 4), num(e["top1"], 3), num(e["ppl_ratio"], 4),
+            ])
+    headers = ["run", "mode", "positions", "KL mean", "KL p99", "KL max", "top-1 agreement",
+               "perplexity ratio NVFP4/INT4"]
+    return "\n\n".join([provenance(ctx), table(headers, rows)])
+
+
+def _short_op(name: str) -> str:
+    name = name.replace("|", "/")  # a kernel's template arguments may hold a pipe, which would split the cell
+    return name if len(name) <= PROFILE_OP_NAME_CHARS else name[: PROFILE_OP_NAME_CHARS - 1] + "…"
+
+
+@renderer("profile_top_device_ops")
+def profile_top_device_ops(ctx: BlockContext) -> str:
+    """The ops that took the most device time in each profiled stage (profile_model_stages.py)."""
+    rows = []
+    for r in ctx.results:
+        stages = [s for s in ("calibrate", "validate") if isinstance(r.data, dict) and s in r.data]
+        if not stages:
+            raise BenchmarkRenderError(f"{r.path}: result file lacks calibrate and validate profiles")
+        for stage in stages:
+            profile = r.data[stage]
+            if "by_device_time" not in profile:
+                raise BenchmarkRenderError(f"{r.path}: {stage} profile lacks by_device_time")
+            ops = sorted(profile["by_device_time"], key=lambda op: op["self_device_ms"], reverse=True)
+            for op in ops[:PROFILE_TOP_OPS]:
+                rows.append([
+                    stage, f"{r.data['samples']} x {r.data['seq_len']}", f"`{_short_op(op['op'])}`",
+                    str(op["calls"]), num(op["self_device_ms"] / 1000),
+                ])
+    headers = ["stage", "sequences x tokens", "op (torch.profiler, by self device time)", "calls", "device s"]
+    return "\n\n".join([provenance(ctx), table(headers, rows)])
