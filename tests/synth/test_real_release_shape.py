@@ -124,3 +124,17 @@ def test_release_layout_written(make_tiny_k2, tmp_path):
     assert reader.weight_map["language_model.lm_head.weight"] == shard_file_name(layers + 1, layers + 3)
     assert reader.weight_map["language_model.model.embed_tokens.weight"] == shard_file_name(layers + 1, layers + 3)
 
+
+
+def test_cli_options_for_placement_and_shard_layout(tmp_path):
+    from click.testing import CliRunner
+
+    from kimi_nvfp4.cli import cli
+
+    out = tmp_path / "cli"
+    result = CliRunner().invoke(cli, ["synth", str(out), "--vocab-size", str(SMALL_VOCAB), "--shards", "2",
+                                      "--shard-layout", "release", "--quant-config-placement", "text_config"])
+    assert result.exit_code == 0, result.output
+    config = json.loads((out / CONFIG_NAME).read_text())
+    assert "quantization_config" not in config
+    assert len(CheckpointReader(out).shard_files) == config["text_config"]["num_hidden_layers"] + 3
