@@ -150,3 +150,38 @@ def test_kv_scales_in_a_main_shard_count_as_misplaced(converted_pair):
     main = sorted(set(reader.weight_map.values()))[0]
     view = SimpleNamespace(weight_map={**reader.weight_map, k_name: main, v_name: INPUT_SCALES_SHARD})
     assert misplaced_input_scales(view) == [k_name]
+
+
+class _TwoRanks:
+    """A rank of a two-rank run whose peer saw `peer` (a KVCacheRanges): the collectives combine with it."""
+
+    distributed = True
+
+    def __init__(self, peer: KVCacheRanges):
+        self.peer = peer
+
+    def all_gather_object(self, obj):
+        if isinstance(obj, dict):
+            return [obj, dict(self.peer.tokens)]
+        return [obj, sorted(self.peer.latent)]
+
+    def all_reduce_max_(self, t):
+        layers = sorted(set(self.peer.latent) | set(self.peer.rope))
+        zero = torch.zeros(())
+        table = self.peer.latent if self._latent_turn else self.peer.rope
+        self._latent_turn = not self._latent_turn
+        return torch.maximum(t, torch.stack([table.get(i, zero) for i in layers]))
+
+    _latent_turn = True
+
+
+def test_ranks_combine_to_the_max_over_all_tokens():
+    mine, peer = KVCacheRanges(), KVCacheRanges()
+    mine.on_kv_cache(0, torch.full((3, 4), 2.0), torch.full((3, 2), 1.0))
+    peer.on_kv_cache(0, torch.full((5, 4), 1.0), torch.full((5, 2), -6.0))
+    peer.on_kv_cache(1, torch.full((5, 4), 0.5), torch.full((5, 2), 0.25))
+    mine.combine_ranks(_TwoRanks(peer))
+    assert mine.layers() == [0, 1]
+    assert (float(mine.latent[0]), float(mine.rope[0]), mine.amax(0)) == (2.0, 6.0, 6.0)
+    assert (float(mine.latent[1]), float(mine.rope[1])) == (0.5, 0.25)
+    assert mine.tokens == {0: 8, 1: 5}
