@@ -140,3 +140,40 @@ def shared_expert_bytes(ctx: BlockContext) -> str:
             f"{name.replace('_', ' ')} {value / GB:.2f} GB" for name, value in r.data["per_token_read_bytes_parts"].items()
         ) + ".")
     return "\n\n".join(parts)
+
+
+KV_VARIANTS = {  # bench_kv_cache_scales.py's variants, in the order the table shows them
+    "bf16-cache": "unquantized (reference)",
+    "fp8-scale-1": "FP8, scale 1.0 (SGLang with no scales shipped)",
+    "fp8-written": "FP8, the scales calibrate writes",
+    "fp8-amax-over-448": "FP8, amax / 448 applied on write and read (an engine that honours any scale)",
+    "sglang-unclamped": "SGLang 0.5.23 MLA decode with an unclamped amax / 448 in the checkpoint "
+                        "(cache cast unscaled, scores x k_scale)",
+}
+
+
+@renderer("kv_cache_scales")
+def kv_cache_scales(ctx: BlockContext) -> str:
+    """What calibrate measures and writes per layer for the FP8 KV cache, and what each cache variant costs in
+    token-by-token decode against an unquantized cache (bench_kv_cache_scales.py)."""
+    parts = [provenance(ctx)]
+    for r in ctx.results:
+        r.require("kv_cache", "rows")
+        kv = r.data["kv_cache"]
+        layers = kv.get("layers") or []
+        parts.append(f"`{r.path}` — rule `{kv.get('rule', MISSING)}`, per layer:")
+        parts.append(table(
+            ["layer", "latent amax", "rope-key amax", "amax / 448", "written k_scale = v_scale"],
+            [[str(l["layer"]), num(l["latent_amax"], 2), num(l["rope_amax"], 2), num(l["unclamped_scale"], 4),
+              num(l["scale"], 4)] for l in layers],
+        ))
+        rows = _rows(r, "rows")
+        heldout = r.data.get("heldout", {})
+        parts.append(f"Decode of {heldout.get('samples', MISSING)} held-out windows ({heldout.get('tokens', MISSING)} "
+                     f"tokens) against the same decode over an unquantized cache:")
+        parts.append(table(
+            ["cache", "KL mean", "KL p99", "top-1 vs unquantized cache", "perplexity"],
+            [[KV_VARIANTS.get(row["variant"], f"`{row['variant']}`"), num(row["kl_mean"], 4), num(row["kl_p99"], 3),
+              num(row["top1"], 3), num(row["ppl"], 2)] for row in rows],
+        ))
+    return "\n\n".join(parts)

@@ -56,6 +56,7 @@ from .shard import (
     require_no_misplaced_input_scales,
 )
 from .stats import ActivationCollector
+from .kv_cache import FP8_KV_CACHE_ALGO, KVCacheRanges, declared_kv_cache_algo, kv_cache_scales, with_kv_cache
 
 # Reports and per-layer statistics go here, inside the output folder.
 CALIBRATION_DIR = "calibration"
@@ -162,6 +163,7 @@ class CalibrationRun:
     dtype: str = "float32"
     max_chunk_tokens: int | None = None
     materialized_layers: list[int] = field(default_factory=list)
+    kv_ranges: KVCacheRanges | None = None  # what the MLA cache held per layer (when asked for)
 
 
 def _outside_mlp(modules: list[str]) -> bool:
@@ -186,6 +188,7 @@ def run_calibration(
     materialize: bool | str = "auto",
     prefetch: bool | None = None,
     ctx: RankContext | None = None,
+    kv_cache: bool = False,
 ) -> CalibrationRun:
     """The observe / choose / advance loop over `layers` (default all) of the converted checkpoint.
 
@@ -197,7 +200,8 @@ def run_calibration(
     L computes (one more stored layer in memory; default: on CUDA). `max_chunk_tokens` None:
     CUDA_CHUNK_TOKENS on CUDA, the runner's default elsewhere. `ctx`: under torchrun, `sequences` is
     this rank's share and the statistics of all ranks are combined before each layer's scales are
-    chosen, so every rank computes the same scales (kimi_nvfp4.distributed).
+    chosen, so every rank computes the same scales (kimi_nvfp4.distributed). `kv_cache`: also record
+    what each layer's MLA cache holds (`run.kv_ranges`, for the FP8 KV scales of calibrate/kv_cache.py).
     """
     ctx = ctx or RankContext()
     compute_dtype = resolve_dtype(dtype, device)
@@ -215,6 +219,7 @@ def run_calibration(
     states = runner.embed(sequences)
     collector = ActivationCollector(device=device)
     run = CalibrationRun({}, [], [], dtype=dtype_name(compute_dtype), max_chunk_tokens=max_chunk_tokens)
+    run.kv_ranges = KVCacheRanges(device=device) if kv_cache else None
     tokens = job_tokens(ctx, sum(int(s.numel()) for s in sequences))
     for layer in layer_progress(todo, tokens_per_layer=tokens, desc="calibrate: layers", enabled=progress):
         t0 = time.perf_counter()
@@ -222,7 +227,7 @@ def run_calibration(
         modules = quantized_modules(reader, layer)
         collector.route_all = bool(modules) and policy is ExpertPolicy.ROUTE_ALL and cfg.is_moe_layer(layer)
         w = runner.load_layer(layer)
-        attended = runner.attend(layer, states, w, observer=collector)
+        attended = runner.attend(layer, states, w, observer=with_kv_cache(collector, run.kv_ranges))
         if not modules:  # no NVFP4 linear: W4A16 and W4A4 agree, one pass is both
             states = runner.feed_forward(attended, w, observer=collector)
         else:
@@ -248,6 +253,8 @@ def run_calibration(
         del w, attended
         synchronize(device)
         run.layer_seconds.append(time.perf_counter() - t0)
+    if run.kv_ranges is not None:
+        run.kv_ranges.combine_ranks(ctx)
     return run
 
 
@@ -291,6 +298,7 @@ def calibrate_checkpoint(
     ctx = rank_context(dev)
     dev = ctx.device(dev)
     resolve_dtype(dtype, dev)  # a bad name fails before the data is loaded
+    kv_fp8 = declared_kv_cache_algo(output) == FP8_KV_CACHE_ALGO  # `convert --kv-cache none`: no KV scales
     sample_set = load_sample_set(
         output,
         data,
@@ -313,6 +321,7 @@ def calibrate_checkpoint(
         progress=progress and ctx.is_main,
         dtype=dtype,
         ctx=ctx,
+        kv_cache=kv_fp8,
     )
     if not ctx.is_main:  # rank 0 writes; the others return what it wrote
         ctx.barrier()
@@ -327,9 +336,10 @@ def calibrate_checkpoint(
         heldout_fraction=HELDOUT_FRACTION,
         dtype=run.dtype,
     )
+    kv_scales, kv_report = kv_cache_scales(out_reader.layout, run.kv_ranges) if kv_fp8 else ({}, None)
     written = install_input_scales(
         output,
-        run.scales,
+        {**run.scales, **kv_scales},
         stage_settings=settings.model_dump(),
         stage_outputs={
             "report": str(calib_dir.relative_to(output)) if calib_dir.is_relative_to(output) else str(calib_dir)
@@ -350,6 +360,7 @@ def calibrate_checkpoint(
         shard_sha256=written.sha256,
         seconds=time.perf_counter() - started,
         layers=run.layers,
+        kv_cache=kv_report,
     )
     write_calibration_report(report, calib_dir)
     if ctx.distributed:

@@ -12,6 +12,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from ..stage_kit.artifacts import markdown_table, new_figure, save_figure, save_model_json, save_text
+from .kv_cache import KVCacheCalibration
 
 REPORT_JSON = "calibration_report.json"
 REPORT_MD = "calibration_report.md"
@@ -88,6 +89,8 @@ class CalibrationReport(BaseModel):
     shard_sha256: str
     seconds: float
     layers: list[LayerCalibration]
+    # FP8 KV-cache scales written (calibrate/kv_cache.py); None when the checkpoint declares no KV quantization
+    kv_cache: KVCacheCalibration | None = None
 
     def coverage_histogram(self) -> tuple[list[str], list[int]]:
         """Expert count per routed-token bucket, over all MoE layers (bucket 0 = never routed)."""

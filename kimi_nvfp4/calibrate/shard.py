@@ -7,6 +7,9 @@ calibrate stage. The big shards are never touched. Order of writes (each atomic)
 hf_quant_config.json, config.json, manifest — a crash in between leaves the old or the new index,
 both consistent with the files on disk, and never declares W4A4 before the scales are indexed.
 
+The same shard holds the FP8 KV-cache scales (`self_attn.k_proj.k_scale` / `v_proj.v_scale`,
+calibrate/kv_cache.py) when the checkpoint declares an FP8 KV cache: they are calibrate's output too.
+
 Engines load every shard the index names (vLLM/SGLang `filter_duplicate_safetensors_files`), so a
 tensor must live in exactly one shard: an `input_scale` already stored in a big shard is refused.
 """
@@ -23,6 +26,7 @@ from ..checkpoint.modelopt_config import ActivationScheme, nvfp4_modules_without
 from ..checkpoint.reader import CheckpointReader
 from ..checkpoint.writer import ShardWriter, WrittenShard, write_index
 from ..errors import CheckpointError
+from .kv_cache import check_kv_cache_scale, is_kv_cache_scale
 
 INPUT_SCALES_SHARD = "model-input-scales.safetensors"
 INPUT_SCALE_SUFFIX = ".input_scale"
@@ -32,15 +36,19 @@ DEPENDENT_STAGES = ("validate", "serve_check", "publish")
 
 
 def misplaced_input_scales(reader: CheckpointReader) -> list[str]:
-    """`input_scale` tensors that live in a shard other than the calibration shard."""
-    return sorted(n for n, f in reader.weight_map.items() if n.endswith(INPUT_SCALE_SUFFIX) and f != INPUT_SCALES_SHARD)
+    """Calibration tensors (`input_scale`, KV-cache scales) that live in a shard other than the calibration shard."""
+    return sorted(
+        n
+        for n, f in reader.weight_map.items()
+        if (n.endswith(INPUT_SCALE_SUFFIX) or is_kv_cache_scale(n)) and f != INPUT_SCALES_SHARD
+    )
 
 
 def require_no_misplaced_input_scales(reader: CheckpointReader) -> None:
     misplaced = misplaced_input_scales(reader)
     if misplaced:
         raise CheckpointError(
-            f"{len(misplaced)} input_scale tensors already live in the main shards; calibrate writes them to "
+            f"{len(misplaced)} input_scale / KV-scale tensors already live in the main shards; calibrate writes them to "
             f"{INPUT_SCALES_SHARD} and a tensor may appear in only one shard",
             file=reader.root / reader.weight_map[misplaced[0]],
             tensor=misplaced[0],
@@ -49,8 +57,11 @@ def require_no_misplaced_input_scales(reader: CheckpointReader) -> None:
 
 def _check_scales(reader: CheckpointReader, scales: dict[str, torch.Tensor]) -> None:
     for name, t in scales.items():
+        if is_kv_cache_scale(name):
+            check_kv_cache_scale(reader, name, t)
+            continue
         if not name.endswith(INPUT_SCALE_SUFFIX):
-            raise ValueError(f"{name}: only *.input_scale tensors belong in {INPUT_SCALES_SHARD}")
+            raise ValueError(f"{name}: only *.input_scale and KV-cache scale tensors belong in {INPUT_SCALES_SHARD}")
         module = name[: -len(INPUT_SCALE_SUFFIX)]
         if module + ".weight_scale_2" not in reader:
             raise CheckpointError(

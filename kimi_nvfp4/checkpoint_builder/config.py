@@ -18,6 +18,13 @@ INT4_BITS = 4
 # K2.x: YaRN with factor 64 over a window 64x smaller than the context (262144 = 64 * 4096), rope theta 50000.
 YARN_FACTOR = 64
 ROPE_THETA = 50000.0
+# YaRN's fast-rotation boundary: K2.6's config.json says 32.0; the bundled demo model was trained with 1.0
+# (its config keeps it, so this builder's default stays 1.0 and synth's k2.6 preset asks for 32).
+DEFAULT_YARN_BETA_FAST = 1.0
+K2_YARN_BETA_FAST = 32.0
+# The text config's model_type as K2.x ship it (config.json `kimi_k2`; transformers' class is DeepseekV3).
+K2_TEXT_MODEL_TYPE = "kimi_k2"
+DEEPSEEK_V3_MODEL_TYPE = "deepseek_v3"
 ROUTED_SCALING_FACTOR = 2.827
 RMS_NORM_EPS = 1e-5
 INITIALIZER_RANGE = 0.02
@@ -35,6 +42,7 @@ KIMI_K25_AUTO_MAP = {
     "AutoModel": "modeling_kimi_k25.KimiK25ForConditionalGeneration",
     "AutoModelForCausalLM": "modeling_kimi_k25.KimiK25ForConditionalGeneration",
 }
+KIMI_K25_VIDEO_PLACEHOLDER = "<|kimi_k25_video_placeholder|>"
 DEEPSEEK_V3_AUTO_MAP = {
     "AutoConfig": "configuration_deepseek.DeepseekV3Config",
     "AutoModel": "modeling_deepseek.DeepseekV3Model",
@@ -67,14 +75,15 @@ def compressed_tensors_int4_config(*, vision: bool) -> dict[str, Any]:
     }
 
 
-def yarn_rope_scaling(max_position_embeddings: int) -> dict[str, Any]:
+def yarn_rope_scaling(max_position_embeddings: int, beta_fast: float = DEFAULT_YARN_BETA_FAST) -> dict[str, Any]:
     return {"type": "yarn", "factor": float(YARN_FACTOR),
             "original_max_position_embeddings": max(1, max_position_embeddings // YARN_FACTOR),
-            "beta_fast": 1.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
+            "beta_fast": float(beta_fast), "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
 
 
 def k2_text_config(dims: Mapping[str, Any], *, token_ids: Mapping[str, int],
-                   quantization_config: dict[str, Any] | None) -> dict[str, Any]:
+                   quantization_config: dict[str, Any] | None,
+                   model_type: str = DEEPSEEK_V3_MODEL_TYPE) -> dict[str, Any]:
     """A DeepseekV3 config.json with K2's fixed choices (sigmoid `noaux_tc` routing, `n_group 1`, normalised
     top-k times 2.827, yarn rope, no MTP layer) and the sizes in `dims` (hidden_size, num_hidden_layers,
     intermediate_size, moe_intermediate_size, n_routed_experts, num_experts_per_tok, n_shared_experts,
@@ -84,6 +93,7 @@ def k2_text_config(dims: Mapping[str, Any], *, token_ids: Mapping[str, int],
 
     :param token_ids: bos_token_id, eos_token_id, pad_token_id.
     :param quantization_config: the compressed-tensors block (None: a BF16 config).
+    :param model_type: `kimi_k2` as K2.x's own files say, or `deepseek_v3` (the bundled demo's).
     """
     body: dict[str, Any] = {
         "attention_bias": False,
@@ -110,7 +120,7 @@ def k2_text_config(dims: Mapping[str, Any], *, token_ids: Mapping[str, int],
         **dims,
     }
     body.setdefault("rope_scaling", yarn_rope_scaling(body["max_position_embeddings"]))
-    config = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", **dict(sorted(body.items())),
+    config = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": model_type, **dict(sorted(body.items())),
               **token_ids}
     if quantization_config is not None:
         config["quantization_config"] = quantization_config
@@ -118,13 +128,18 @@ def k2_text_config(dims: Mapping[str, Any], *, token_ids: Mapping[str, int],
 
 
 def kimi_k25_config(text_config: dict[str, Any], vision_config: dict[str, Any], *, token_ids: Mapping[str, int],
-                    media_placeholder_token_id: int, remote_code: bool = False) -> dict[str, Any]:
+                    media_placeholder_token_id: int, remote_code: bool = False,
+                    top_level_quantization_config: bool = True) -> dict[str, Any]:
     """The K2.5/K2.6 wrapper (`KimiK25ForConditionalGeneration`): the text config, a MoonViT vision config, and
-    the text config's quantization block repeated at the top level (docs/formats.md §1; give the text config
-    `compressed_tensors_int4_config(vision=True)`).
+    (by default) the text config's quantization block repeated at the top level (docs/formats.md §1; give the text
+    config `compressed_tensors_int4_config(vision=True)`).
 
     :param remote_code: add the keys K2.6's own files carry for its remote code (`auto_map`,
-        `use_unified_vision_chunk`), as in Moonshot's upload; False for a checkpoint that ships no code.
+        `use_unified_vision_chunk`, `video_placeholder`), as in Moonshot's upload; False for a checkpoint that
+        ships no code.
+    :param top_level_quantization_config: False: the block only inside `text_config`, which is what K2.5/K2.6's
+        config.json most likely holds (their configuration_kimi_k25.py copies it up when loaded; SGLang's
+        KimiK25Config does the same: "Propagate quantization config from text model").
     """
     config: dict[str, Any] = {"architectures": ["KimiK25ForConditionalGeneration"]}
     if remote_code:
@@ -136,6 +151,7 @@ def kimi_k25_config(text_config: dict[str, Any], vision_config: dict[str, Any], 
     })
     if remote_code:
         config["use_unified_vision_chunk"] = True
+        config["video_placeholder"] = KIMI_K25_VIDEO_PLACEHOLDER
     config.update({
         "media_placeholder_token_id": media_placeholder_token_id,
         "ignore_index": -100,
@@ -143,7 +159,7 @@ def kimi_k25_config(text_config: dict[str, Any], vision_config: dict[str, Any], 
         "torch_dtype": "bfloat16",
         **token_ids,
     })
-    if "quantization_config" in text_config:  # both levels must agree (convert/source checks refuse otherwise)
+    if top_level_quantization_config and "quantization_config" in text_config:  # both levels must agree (convert/source checks refuse otherwise)
         config["quantization_config"] = copy.deepcopy(text_config["quantization_config"])
     return config
 

@@ -39,6 +39,7 @@ from .sglang_values import (
     check_expert_bytes,
     check_gate_up_input_scales,
     check_gate_up_scale_halves,
+    check_kv_cache_scales,
     check_post_load,
     snapshot_input_scales,
 )
@@ -217,6 +218,9 @@ def _load_and_audit(run: _Run) -> None:
             report.not_run.append(f"{name} ({calls} calls): GPU kernel, replaced by a recorder")
         _mark_consumed(findings, post.tainted)
         report.values += check_post_load(moe_layers, loaded_scales)
+        kv_scales = check_kv_cache_scales(model, CheckpointReader(view.root))
+        if kv_scales is not None:
+            report.values.append(kv_scales)
     else:
         recorder.release()
         report.not_run += [

@@ -13,6 +13,8 @@ Checkpoint tensors are read with our own reader, by the engine module's name plu
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 from ..checkpoint.reader import CheckpointReader
@@ -138,3 +140,37 @@ def check_post_load(moe_layers: dict[str, torch.nn.Module], loaded_input_scales:
             else f"not the max in {reduction_bad[:5]}",
         ))
     return out
+
+
+# SGLang 0.5.23 models/deepseek_common/deepseek_weight_loader.py: a `k_scale`/`v_scale` name the model does not
+# have gets `{k,v}_proj` replaced by `attn_mqa` ("modelopt attn kv scale is named differently"), so
+# `self_attn.k_proj.k_scale` lands in the MLA RadixAttention `self_attn.attn_mqa`; its post-load
+# (quantization/kv_cache.py BaseKVCacheMethod) turns it into `k_scale_float`, what the MLA kernels read.
+KV_SCALE_RE = re.compile(r"model\.layers\.(?P<layer>\d+)\.self_attn\.(?P<kind>[kv])_proj\.(?P=kind)_scale$")
+MLA_ATTENTION_RE = re.compile(r"model\.layers\.(?P<layer>\d+)\.self_attn\.attn_mqa$")
+
+
+def check_kv_cache_scales(model: torch.nn.Module, reader: CheckpointReader) -> ValueCheck | None:
+    """Every FP8 KV scale of the checkpoint is the `k_scale_float` / `v_scale_float` of its layer's
+    `attn_mqa` after post-load processing (None when the checkpoint has no KV scales)."""
+    expected: dict[tuple[int, str], float] = {}
+    for name in reader.weight_map:
+        m = KV_SCALE_RE.search(name)
+        if m:
+            expected[(int(m["layer"]), m["kind"])] = float(reader.load(name))
+    if not expected:
+        return None
+    served: dict[tuple[int, str], float | None] = {}
+    for name, module in model.named_modules():
+        m = MLA_ATTENTION_RE.search(name)
+        if m:
+            for kind in ("k", "v"):
+                served[(int(m["layer"]), kind)] = getattr(module, f"{kind}_scale_float", None)
+    bad = [f"layer {layer} {kind}_scale: checkpoint {value:.6g}, attn_mqa {served.get((layer, kind))}"
+           for (layer, kind), value in sorted(expected.items()) if served.get((layer, kind)) != value]
+    return ValueCheck(
+        name="FP8 KV scales land in SGLang's MLA attention (self_attn.attn_mqa k_scale_float / v_scale_float)",
+        passed=not bad, checked=len(expected),
+        detail=f"{len(expected)} scales, e.g. layer {min(expected)[0]}: {expected[min(expected)]:.6g}" if not bad
+        else "; ".join(bad[:5]),
+    )

@@ -14,7 +14,7 @@ import torch
 
 from ..checkpoint.k2_config import K2Config
 from .layer_weights import AttentionWeights
-from .observer import Observer, notify_linear
+from .observer import Observer, notify_kv_cache, notify_linear
 from .rope import RotaryEmbedding, apply_rope_interleaved
 
 # Largest attention score block materialised at once (heads x queries x keys, fp32): 1 GiB.
@@ -109,6 +109,7 @@ def mla_attention(
     q_pe = apply_rope_interleaved(q[..., nope:], cos, sin)
     q = torch.cat([q[..., :nope], q_pe], dim=-1)
 
+    notify_kv_cache(observer, layer, latent, k_pe)  # the new rows only: each token is cached once
     cache = LatentKV(latent, k_pe)
     if past is not None:
         cache = LatentKV(torch.cat([past.latent, latent]), torch.cat([past.k_pe, k_pe]))

@@ -51,6 +51,21 @@ class NullObserver:
         pass
 
 
+@runtime_checkable
+class KVCacheObserver(Protocol):
+    """An observer that also wants what the MLA cache holds (calibrate/kv_cache.py: FP8 KV-cache scales)."""
+
+    def on_kv_cache(self, layer: int, latent: torch.Tensor, k_pe: torch.Tensor) -> None:
+        """Layer `layer` wrote these tokens' cache rows: `latent [T, kv_lora_rank]` (after kv_a_layernorm)
+        and `k_pe [T, qk_rope_head_dim]` (after rope): the two parts SGLang's MLA pool stores per token."""
+
+
+def notify_kv_cache(observer: object, layer: int, latent: torch.Tensor, k_pe: torch.Tensor) -> None:
+    # an optional second protocol: observers of linears only (validate) need not implement it
+    if isinstance(observer, KVCacheObserver):
+        observer.on_kv_cache(layer, latent, k_pe)
+
+
 def notify_linear(
     observer: Observer | None, layer: int, module: str, x: torch.Tensor, y: torch.Tensor,
     expert: int | None = None, routed: bool = True,

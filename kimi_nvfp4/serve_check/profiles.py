@@ -21,7 +21,7 @@ NAIVE_SUFFIX = "-naive"
 # Flags shared by every NVFP4 profile. Why each one:
 #   --quantization modelopt_fp4   read hf_quant_config.json / quantization_config as ModelOpt NVFP4
 #                                 (srt/layers/quantization/modelopt_quant.py ModelOptFp4Config)
-#   --kv-cache-dtype fp8_e4m3     the checkpoint declares kv_cache_quant_algo FP8 (no k/v scales: 1.0)
+#   --kv-cache-dtype fp8_e4m3     the checkpoint declares kv_cache_quant_algo FP8 (calibrate's k/v scales, >= 1)
 #   --trust-remote-code           SGLang loads Kimi's tokenizer through tokenization_kimi.py; this runs
 #                                 the checkpoint's tokenizer code inside the SGLang process, never in ours
 #   --tool-call-parser kimi_k2    srt/function_call/kimik2_detector.py -> OpenAI tool_calls

@@ -12,7 +12,9 @@ deterministic per seed) for real-sized benchmarks, e.g. a 384-expert K2.6 layer.
 from __future__ import annotations
 
 import inspect
+import re
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +25,9 @@ from ..checkpoint.layout import LayoutKind
 from ..checkpoint.writer import write_index, write_json_atomic
 from ..checkpoint_builder.config import deepseek_v3_config
 from ..errors import OutputError
-from .configs import KIMI_VOCAB_SIZE, PRESETS, deepseek_v3_text_config, kimi_k25_config
+from .configs import KIMI_VOCAB_SIZE, PRESETS, QuantConfigPlacement, deepseek_v3_text_config, kimi_k25_config
 from .tensors import CodeDistribution, TensorSpec, checkpoint_tensor_specs
-from .tokenizer_files import write_tokenizer_files
+from .tokenizer_files import write_remote_code_files, write_tokenizer_files
 from .writing import lay_out_shards, resolve_synth_device, write_shards
 
 KIMI_K25_PREFIX = "language_model."
@@ -59,6 +61,40 @@ def split_into_shards(specs: list[TensorSpec], shards: int) -> list[list[TensorS
     return out
 
 
+class ShardLayout(str, Enum):
+    """How tensors are cut into shards."""
+
+    BYTES = "bytes"  # `shards` runs of about equal bytes, embeddings first (save_pretrained's way)
+    # K2.5/K2.6's upload: decoder layer L alone in shard L+1, then embed_tokens + norm + lm_head, then the
+    # projector, then the vision tower (model-00062/63/64-of-000064 for 61 layers); `shards` only asks for > 1.
+    RELEASE = "release"
+
+
+# The presets whose multi-shard output follows the real release's order.
+RELEASE_SHARDED_PRESETS = ("k2.6",)
+_VISION_GROUPS = ("mm_projector.", "vision_tower.")
+
+
+def split_like_release(specs: list[TensorSpec], prefix: str, layers: int) -> list[list[TensorSpec]]:
+    """Group the tensors as Moonshot's K2.5/K2.6 shards do (ShardLayout.RELEASE); empty groups are left out."""
+    layer_re = re.compile(rf"^{re.escape(prefix)}model\.layers\.(\d+)\.")
+    per_layer: list[list[TensorSpec]] = [[] for _ in range(layers)]
+    text_tail: list[TensorSpec] = []
+    vision: dict[str, list[TensorSpec]] = {g: [] for g in _VISION_GROUPS}
+    for spec in specs:
+        m = layer_re.match(spec.name)
+        group = next((g for g in _VISION_GROUPS if spec.name.startswith(g)), None)
+        if m:
+            per_layer[int(m[1])].append(spec)
+        elif group is not None:
+            vision[group].append(spec)
+        else:
+            text_tail.append(spec)
+    # lm_head first in the tail, as in K2.6's model-00062 (then embed_tokens and the final norm)
+    text_tail.sort(key=lambda t: not t.name.endswith("lm_head.weight"))
+    return [g for g in (*per_layer, text_tail, *vision.values()) if g]
+
+
 @dataclass(frozen=True)
 class SynthPlan:
     """Everything needed to write the checkpoint, decided before any byte is generated."""
@@ -77,6 +113,7 @@ def plan_synthetic_checkpoint(
     layout: str = "kimi_k25",
     vocab_size: int = KIMI_VOCAB_SIZE,
     config_overrides: dict[str, Any] | None = None,
+    quant_config_placement: QuantConfigPlacement | str | None = None,
 ) -> SynthPlan:
     if preset not in PRESETS:
         raise ValueError(f"preset must be one of {PRESETS}, got {preset!r}")
@@ -85,7 +122,7 @@ def plan_synthetic_checkpoint(
                                        overrides=config_overrides, vision=kind is LayoutKind.KIMI_K25)
     text = K2Config.from_dict(text_cfg)
     if kind is LayoutKind.KIMI_K25:
-        config, prefix = kimi_k25_config(text_cfg, preset), KIMI_K25_PREFIX
+        config, prefix = kimi_k25_config(text_cfg, preset, quant_config_placement), KIMI_K25_PREFIX
         vision = config["vision_config"]
     else:
         config, prefix, vision = deepseek_v3_config(text_cfg), "", None
@@ -107,6 +144,8 @@ def create_synthetic_checkpoint(
     device: str = "cpu",
     workers: int = 1,
     progress: bool = False,
+    quant_config_placement: QuantConfigPlacement | str | None = None,
+    shard_layout: ShardLayout | str | None = None,
 ) -> Path:
     """Write a K2-layout INT4 checkpoint to `out_dir` (must be absent or empty) and return its path.
 
@@ -121,6 +160,12 @@ def create_synthetic_checkpoint(
     byte-identical for any number (each tensor is seeded by its name). Each process holds one expert
     matrix (or 4096 rows of a BF16 tensor) at a time. Workers are spawned, so a script that calls this
     with `workers > 1` needs the usual `if __name__ == "__main__":` guard.
+
+    `quant_config_placement`: "both" (top level and text_config) or "text_config" (only there, as K2.5/K2.6
+    ship it); default: the preset's (k2.6: text_config, tiny: both). `shard_layout`: "bytes" or "release"
+    (one shard per decoder layer, then embeddings + lm_head, projector, tower); default: release for the k2.6
+    preset with `shards > 1`, else bytes. Remote code the config names (`configuration_kimi_k25.py`,
+    `tokenization_kimi.py`) is written as stand-ins that fail loudly if anything ever runs them.
     """
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
@@ -129,10 +174,16 @@ def create_synthetic_checkpoint(
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     plan = plan_synthetic_checkpoint(
-        preset=preset, layers=layers, experts=experts, layout=layout, vocab_size=vocab_size, config_overrides=config_overrides
+        preset=preset, layers=layers, experts=experts, layout=layout, vocab_size=vocab_size,
+        config_overrides=config_overrides, quant_config_placement=quant_config_placement,
     )
     distribution = CodeDistribution(code_distribution)
-    groups = split_into_shards(plan.specs, shards)
+    if shard_layout is None:
+        shard_layout = ShardLayout.RELEASE if preset in RELEASE_SHARDED_PRESETS and shards > 1 else ShardLayout.BYTES
+    if ShardLayout(shard_layout) is ShardLayout.RELEASE:
+        groups = split_like_release(plan.specs, plan.prefix, plan.text.num_hidden_layers)
+    else:
+        groups = split_into_shards(plan.specs, shards)
     names = [shard_file_name(i, len(groups)) for i in range(1, len(groups) + 1)]
     out.mkdir(parents=True, exist_ok=True)
     layouts, tasks = lay_out_shards(out, groups, names)
@@ -143,6 +194,7 @@ def create_synthetic_checkpoint(
     write_index(out, weight_map, total_size)
     write_json_atomic(out / "config.json", plan.config)
     write_tokenizer_files(out)
+    write_remote_code_files(out, plan.config)
     return out
 
 

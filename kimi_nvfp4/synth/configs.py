@@ -15,10 +15,12 @@ weights matter (the tokenizer ids then exceed the vocabulary; do not run chats t
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Any
 
-from ..checkpoint_builder import compressed_tensors_int4_config, k2_text_config
+from ..checkpoint_builder import compressed_tensors_int4_config, k2_text_config, yarn_rope_scaling
 from ..checkpoint_builder import kimi_k25_config as builder_kimi_k25_config
+from ..checkpoint_builder.config import DEFAULT_YARN_BETA_FAST, K2_TEXT_MODEL_TYPE, K2_YARN_BETA_FAST
 from ..checkpoint_builder.tokenizer_files import (
     BOS_TOKEN,
     EOS_TOKEN,
@@ -74,10 +76,40 @@ TEXT_PRESETS: dict[str, dict[str, Any]] = {
     },
 }
 
+# YaRN beta_fast per preset: K2.6's real 32 for `k2.6`; `tiny` keeps 1.0, the value its configs always had.
+YARN_BETA_FAST = {"tiny": DEFAULT_YARN_BETA_FAST, "k2.6": K2_YARN_BETA_FAST}
+
 VISION_PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": {"vt_hidden_size": 32, "vt_intermediate_size": 64, "vt_num_hidden_layers": 1, "vt_num_attention_heads": 2},
-    "k2.6": {"vt_hidden_size": 1152, "vt_intermediate_size": 4304, "vt_num_hidden_layers": 1, "vt_num_attention_heads": 16},
+    "tiny": {"vt_hidden_size": 32, "vt_intermediate_size": 64, "vt_num_hidden_layers": 1, "vt_num_attention_heads": 2,
+             "init_pos_emb_height": 4, "init_pos_emb_width": 4},
+    "k2.6": {"vt_hidden_size": 1152, "vt_intermediate_size": 4304, "vt_num_hidden_layers": 1, "vt_num_attention_heads": 16,
+             "init_pos_emb_height": 64, "init_pos_emb_width": 64},
 }
+# The MoonViT / projector keys of K2.5/K2.6's config.json `vision_config` whose values do not depend on the size
+# (SGLang's KimiK25VisionConfig reads them; `model_type` is an empty string there).
+MOONVIT_FIXED_KEYS: dict[str, Any] = {
+    "init_pos_emb_time": 4,
+    "merge_kernel_size": [2, 2],
+    "merge_type": "sd2_tpool",
+    "mm_projector_type": "patchmerger",
+    "model_type": "",
+    "patch_size": 14,
+    "pos_emb_type": "divided_fixed",
+    "projector_hidden_act": "gelu",
+    "projector_ln_eps": 1e-05,
+    "video_attn_type": "spatial_temporal",
+}
+
+
+class QuantConfigPlacement(str, Enum):
+    """Where the compressed-tensors block sits in a K2.5/K2.6 config.json."""
+
+    BOTH = "both"  # top level and text_config (the bundled demo; what older K2.5 tooling wrote)
+    TEXT_CONFIG = "text_config"  # only inside text_config: what K2.5/K2.6 most likely ship
+
+
+# k2.6 looks like the real upload; tiny keeps both levels (what its tests and pinned outputs were made with).
+DEFAULT_QUANT_CONFIG_PLACEMENT = {"tiny": QuantConfigPlacement.BOTH, "k2.6": QuantConfigPlacement.TEXT_CONFIG}
 PRESETS = tuple(TEXT_PRESETS)
 
 
@@ -98,27 +130,26 @@ def deepseek_v3_text_config(
     if experts is not None:
         dims["n_routed_experts"] = experts
         dims["num_experts_per_tok"] = min(dims["num_experts_per_tok"], experts)
+    dims["rope_scaling"] = yarn_rope_scaling(dims["max_position_embeddings"], beta_fast=YARN_BETA_FAST[preset])
     dims = {**dims, "vocab_size": vocab_size, **(overrides or {})}
-    return k2_text_config(dims, token_ids=KIMI_TOKEN_IDS,
+    return k2_text_config(dims, token_ids=KIMI_TOKEN_IDS, model_type=K2_TEXT_MODEL_TYPE,
                           quantization_config=compressed_tensors_int4_config(vision=vision))
 
 
 def vision_config(preset: str, text_hidden_size: int) -> dict[str, Any]:
+    """K2.5/K2.6's `vision_config` keys (sorted, as their config.json), at the preset's sizes."""
     v = VISION_PRESETS[preset]
-    return {
-        "model_type": "moonvit",
-        "patch_size": 14,
-        "init_pos_emb_height": 4,
-        "init_pos_emb_width": 4,
-        "merge_kernel_size": [2, 2],
-        "mm_hidden_size": v["vt_hidden_size"],
-        "text_hidden_size": text_hidden_size,
-        **v,
-    }
+    keys = {**MOONVIT_FIXED_KEYS, **v, "mm_hidden_size": v["vt_hidden_size"], "text_hidden_size": text_hidden_size}
+    return dict(sorted(keys.items()))
 
 
-def kimi_k25_config(text_config: dict[str, Any], preset: str) -> dict[str, Any]:
-    """The K2.5/K2.6 wrapper as Moonshot ships it (with its remote-code keys), around `text_config`."""
+def kimi_k25_config(
+    text_config: dict[str, Any], preset: str, placement: QuantConfigPlacement | str | None = None
+) -> dict[str, Any]:
+    """The K2.5/K2.6 wrapper as Moonshot ships it (with its remote-code keys), around `text_config`.
+    `placement`: where the quantization block goes (default: the preset's, DEFAULT_QUANT_CONFIG_PLACEMENT)."""
+    placement = QuantConfigPlacement(placement or DEFAULT_QUANT_CONFIG_PLACEMENT[preset])
     return builder_kimi_k25_config(text_config, vision_config(preset, text_config["hidden_size"]),
                                    token_ids=KIMI_TOKEN_IDS, media_placeholder_token_id=KIMI_MEDIA_PLACEHOLDER_ID,
-                                   remote_code=True)
+                                   remote_code=True,
+                                   top_level_quantization_config=placement is QuantConfigPlacement.BOTH)

@@ -163,6 +163,39 @@ raise RuntimeError("tokenization_kimi.py from a checkpoint was executed; kimi-nv
 '''
 
 
+# What a stand-in leaves beside itself when executed, so that a run that swallowed the exception still shows it.
+EXECUTED_MARKER_SUFFIX = ".executed"
+
+
+def remote_code_stand_in(file_name: str) -> str:
+    """Python source standing in for a remote-code file a real checkpoint ships (e.g. configuration_kimi_k25.py):
+    if anything ever imports it, it leaves `<file>.executed` beside itself and raises."""
+    return f'''"""Synthetic stand-in for Moonshot's {file_name} (remote code shipped inside the checkpoint).
+
+kimi-nvfp4 must never import or execute code from a checkpoint; convert copies this file byte for byte.
+"""
+
+from pathlib import Path
+
+Path(__file__).with_name(Path(__file__).name + "{EXECUTED_MARKER_SUFFIX}").write_text("executed")
+raise RuntimeError("{file_name} from a checkpoint was executed; kimi-nvfp4 must never run checkpoint code")
+'''
+
+
+def remote_code_file_names(config: dict) -> list[str]:
+    """The config module(s) config.json's `auto_map` names (`configuration_kimi_k25.KimiK25Config` ->
+    `configuration_kimi_k25.py`), which a real checkpoint ships beside `tokenization_kimi.py`."""
+    auto_map = config.get("auto_map") or {}
+    return sorted({f"{target.split('.')[0]}.py" for key, target in auto_map.items() if key == "AutoConfig"})
+
+
+def write_remote_code_files(out_dir: Path, config: dict) -> list[str]:
+    """Write the stand-ins of `remote_code_file_names(config)`; returns their names."""
+    files = {name: remote_code_stand_in(name) for name in remote_code_file_names(config)}
+    write_text_files(out_dir, files)
+    return sorted(files)
+
+
 def write_tokenizer_files(out_dir: Path) -> list[str]:
     """Write every non-weight file of a Kimi checkpoint except config.json. Returns the file names."""
     files = {

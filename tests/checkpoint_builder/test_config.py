@@ -57,3 +57,29 @@ def test_text_config_keys_lead_with_the_architecture_and_end_with_ids_and_quanti
 def test_compressed_tensors_block_ignores_the_vision_tower_only_in_the_wrapper():
     assert compressed_tensors_int4_config(vision=False)["ignore"] == list(TEXT_INT4_IGNORE)
     assert compressed_tensors_int4_config(vision=True)["ignore"] == list(TEXT_INT4_IGNORE + VISION_INT4_IGNORE)
+
+
+def test_wrapper_can_keep_the_quantization_block_only_in_text_config():
+    from kimi_nvfp4.checkpoint_builder.config import KIMI_K25_VIDEO_PLACEHOLDER, k2_text_config, kimi_k25_config
+
+    dims = plan_synthetic_checkpoint(vocab_size=256).config["text_config"]
+    text = k2_text_config({k: v for k, v in dims.items() if k not in ("architectures", "model_type",
+                                                                       "quantization_config")},
+                          token_ids={}, quantization_config=compressed_tensors_int4_config(vision=True),
+                          model_type="kimi_k2")
+    assert text["model_type"] == "kimi_k2"
+    inner_only = kimi_k25_config(text, {}, token_ids={}, media_placeholder_token_id=0, remote_code=True,
+                                 top_level_quantization_config=False)
+    assert "quantization_config" not in inner_only and inner_only["text_config"]["quantization_config"]
+    assert inner_only["video_placeholder"] == KIMI_K25_VIDEO_PLACEHOLDER
+    both = kimi_k25_config(text, {}, token_ids={}, media_placeholder_token_id=0)
+    assert both["quantization_config"] == text["quantization_config"] and "video_placeholder" not in both
+    check_quantization_config(inner_only)
+    check_quantization_config(both)
+
+
+def test_yarn_beta_fast_defaults_to_the_demos_and_takes_k26s():
+    from kimi_nvfp4.checkpoint_builder.config import K2_YARN_BETA_FAST
+
+    assert yarn_rope_scaling(262144)["beta_fast"] == 1.0
+    assert yarn_rope_scaling(262144, beta_fast=K2_YARN_BETA_FAST)["beta_fast"] == 32.0 == K2_YARN_BETA_FAST

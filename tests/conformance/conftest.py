@@ -230,6 +230,57 @@ def sglang_parse_fp4_config(config: dict) -> ParsedNvfp4Config:
     )
 
 
+# ---------------------------------------------------------------- FP8 KV-cache scale names, restated
+
+
+def sglang_kv_scale_param(name: str) -> str | None:
+    """Where SGLang 0.5.23 loads a checkpoint `k_scale` / `v_scale` of a K2.5/K2.6 or DeepSeek checkpoint.
+
+    KimiK25ForConditionalGeneration.load_weights (models/kimi_k25.py) first strips the wrapper:
+        yield name.replace("language_model.", ""), loaded_weight
+    then DeepseekV2 load_weights (models/deepseek_common/deepseek_weight_loader.py), for a name the model does
+    not have:
+        if ("k_scale" in name or "v_scale" in name) and name not in params_dict:
+            # modelopt attn kv scale is named differently
+            for scale in ["k_scale", "v_scale"]:
+                if scale in name:
+                    name = name.replace(f"{scale[0]}_proj", "attn_mqa")
+                    break
+    The parameters exist on every RadixAttention whose quant method is ModelOptFp8KVCacheMethod
+    (layers/quantization/modelopt_quant.py `_get_quant_method`: `kv_cache_quant_algo and isinstance(layer,
+    RadixAttention)`), i.e. `self_attn.attn_mqa` and `self_attn.attn_mha` of every decoder layer.
+    Returns the parameter name, or None for a name that is not a KV scale.
+    """
+    name = name.replace("language_model.", "")
+    for scale in ("k_scale", "v_scale"):
+        if scale in name:
+            return name.replace(f"{scale[0]}_proj", "attn_mqa")
+    return None
+
+
+def sglang_kv_scale_params(num_layers: int) -> set[str]:
+    """The k/v scale parameters SGLang's DeepseekV2 builds for the MLA decode path (`self_attn.attn_mqa`, a
+    RadixAttention; models/deepseek_v2.py `self.attn_mqa = RadixAttention(..., prefix=add_prefix("attn_mqa",
+    prefix))`)."""
+    return {f"model.layers.{i}.self_attn.attn_mqa.{s}" for i in range(num_layers) for s in ("k_scale", "v_scale")}
+
+
+def vllm_kv_scale_param(name: str) -> str | None:
+    r"""vLLM 0.33 `maybe_remap_kv_scale_name` (model_loader/weight_utils.py), ModelOpt pattern first:
+        (r"\.self_attn\.([kv])_proj\.([kv])_scale$", rf".self_attn.{attn_str}.\2_scale")
+    with attn_str "mla_attn.mla_attn" when the model has `mla_attn` (DeepseekV2MLAAttention)."""
+    if not re.search(r"\.self_attn\.([kv])_proj\.([kv])_scale$", name):
+        return None
+    return re.sub(r"\.self_attn\.([kv])_proj\.([kv])_scale$", r".self_attn.mla_attn.mla_attn.\2_scale", name)
+
+
+# BaseKVCacheMethod.process_weights_after_loading (layers/quantization/kv_cache.py): "Only support per-tensor
+# scaling factor for fp8 KV cache"; Model Optimizer clamps FP8 KV scales to >= 1 (quant_utils.py
+# postprocess_state_dict `value.clamp_(min=1.0)`), which SGLang's MLA kernels need: the cache is written as a
+# plain FP8 cast (`quant_scale_kv=1.0`) while decode multiplies the scores by k_scale.
+MODELOPT_MIN_FP8_KV_SCALE = 1.0
+
+
 # ---------------------------------------------------------------- converted checkpoints
 
 
@@ -283,4 +334,8 @@ def rules() -> SimpleNamespace:
         SGLangExclusion=SGLangExclusion,
         VLLMExclusion=VLLMExclusion,
         sglang_parse_fp4_config=sglang_parse_fp4_config,
+        sglang_kv_scale_param=sglang_kv_scale_param,
+        sglang_kv_scale_params=sglang_kv_scale_params,
+        vllm_kv_scale_param=vllm_kv_scale_param,
+        MODELOPT_MIN_FP8_KV_SCALE=MODELOPT_MIN_FP8_KV_SCALE,
     )

@@ -103,13 +103,54 @@ def test_no_compressed_tensors_remnants(demo_calibrated, rules):
     assert not [n for n, h in headers.items() if h.dtype == "I32"]
 
 
-def test_kv_cache_declared_fp8_without_kv_scales(demo_calibrated, rules):
-    """SGLang/vLLM: kv_cache_scheme {float, 8} -> FP8 KV cache; with no k/v scales shipped the engine uses 1.0."""
+def test_kv_cache_fp8_scales_land_where_the_engines_remap_them(demo_calibrated, rules):
+    """SGLang/vLLM: kv_cache_scheme {float, 8} -> FP8 KV cache; calibrate ships one k_scale and one v_scale per
+    decoder layer under Model Optimizer's names, which SGLang remaps onto `self_attn.attn_mqa` (every one of them
+    filled) and vLLM onto `self_attn.mla_attn.mla_attn`; F32 0-d values, never below Model Optimizer's 1.0."""
     _, out = demo_calibrated
-    block = _json(out, "config.json")["quantization_config"]
+    config = _json(out, "config.json")
+    block = config["quantization_config"]
     assert block["kv_cache_scheme"] == {"dynamic": False, "num_bits": 8, "type": "float"}
-    names = rules.read_headers(out)
-    assert not [n for n in names if n.endswith(("k_scale", "v_scale", "kv_scale"))]
+    headers = rules.read_headers(out)
+    kv = {n: h for n, h in headers.items() if n.endswith(("k_scale", "v_scale", "kv_scale"))}
+    layers = _text_config(config)["num_hidden_layers"]
+    assert {rules.sglang_kv_scale_param(n) for n in kv} == rules.sglang_kv_scale_params(layers)
+    assert len(kv) == 2 * layers
+    for name, h in kv.items():
+        assert (h.dtype, h.shape) == ("F32", ()), name
+        vllm = rules.vllm_kv_scale_param(name)
+        assert vllm is not None and vllm.endswith(("self_attn.mla_attn.mla_attn.k_scale",
+                                                   "self_attn.mla_attn.mla_attn.v_scale")), name
+    values = _scalars(out, kv)
+    assert min(values.values()) >= rules.MODELOPT_MIN_FP8_KV_SCALE
+
+
+def test_kv_scale_rules_restated(rules):
+    """The restated remapping on Model Optimizer's names, and what it does not touch."""
+    k = "language_model.model.layers.7.self_attn.k_proj.k_scale"
+    assert rules.sglang_kv_scale_param(k) == "model.layers.7.self_attn.attn_mqa.k_scale"
+    assert rules.sglang_kv_scale_param(k.replace("k_proj.k_scale", "v_proj.v_scale")) == (
+        "model.layers.7.self_attn.attn_mqa.v_scale")
+    assert rules.sglang_kv_scale_param("model.layers.7.self_attn.kv_b_proj.weight") is None
+    assert rules.vllm_kv_scale_param(k) == "language_model.model.layers.7.self_attn.mla_attn.mla_attn.k_scale"
+    # a name under another module would not reach the MLA attention in either engine
+    assert rules.sglang_kv_scale_param("model.layers.7.self_attn.kv_b_proj.k_scale") != (
+        "model.layers.7.self_attn.attn_mqa.k_scale")
+    assert rules.vllm_kv_scale_param("model.layers.7.self_attn.kv_b_proj.k_scale") is None
+
+
+def _scalars(root: Path, headers) -> dict[str, float]:
+    """F32 0-d tensors read straight from the safetensors bytes (no torch, no kimi_nvfp4)."""
+    import struct as _struct
+
+    out = {}
+    for name, h in headers.items():
+        with (root / h.file).open("rb") as f:
+            (length,) = _struct.unpack("<Q", f.read(8))
+            meta = json.loads(f.read(length))[name]
+            f.seek(8 + length + meta["data_offsets"][0])
+            (out[name],) = _struct.unpack("<f", f.read(4))
+    return out
 
 
 # ------------------------------------------------------------------ exclude list vs the modules engines build

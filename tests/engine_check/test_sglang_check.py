@@ -8,7 +8,11 @@ import json
 import shutil
 
 import pytest
+import torch
 from safetensors.torch import load_file, save_file
+
+from kimi_nvfp4.calibrate.kv_cache import is_kv_cache_scale
+from kimi_nvfp4.calibrate.shard import INPUT_SCALES_SHARD, install_input_scales
 
 from kimi_nvfp4.cli import main
 from kimi_nvfp4.engine_check import BuildDevice, check_engine
@@ -53,6 +57,27 @@ def test_calibrated_output_loads_w4a4_on_flashinfer_trtllm(demo_w4a4):
         assert _value(report, check).passed, check
     assert report.tensors.fused  # fused_qkv_a_proj_with_mqa <- q_a_proj + kv_a_proj_with_mqa
     assert (demo_w4a4 / "reports" / "engine_check_sglang.md").is_file()
+
+
+def test_calibrated_kv_scales_land_in_attn_mqa(demo_w4a4, tmp_path):
+    """The checkpoint's `self_attn.k_proj.k_scale` / `v_proj.v_scale` become the `k_scale_float` / `v_scale_float`
+    of SGLang's `self_attn.attn_mqa` (deepseek_weight_loader.py: k_proj -> attn_mqa); distinct values per layer
+    (calibrate writes 1.0 for the demo, the engine's default, which would prove nothing)."""
+    out = tmp_path / "kv"
+    shutil.copytree(demo_w4a4, out)
+    tensors = load_file(out / INPUT_SCALES_SHARD)
+    kv = sorted(n for n in tensors if is_kv_cache_scale(n))
+    assert len(kv) == 2 * 4  # k and v for each of the demo's 4 layers, written by calibrate
+    for i, name in enumerate(kv):
+        tensors[name] = torch.tensor(1.5 + i, dtype=torch.float32)
+    install_input_scales(out, tensors, stage_settings={})
+    report = check_engine(out, "sglang", device="cpu", report_dir=tmp_path)
+    assert report.passed, report.misses
+    check = _value(report, "FP8 KV scales land")
+    assert check.passed and check.checked == len(kv), check.detail
+    # attn_mha (prefill MHA path) has no checkpoint tensor: SGLang's default 1.0
+    defaults = {f.parameter for f in report.parameter_findings if f.verdict is ParameterVerdict.ENGINE_DEFAULT}
+    assert defaults and all(".attn_mha." in p for p in defaults)
 
 
 def test_weight_only_output_on_the_w4a4_only_trtllm_backend_is_a_miss(demo_w4a16, tmp_path, capsys):
