@@ -99,36 +99,60 @@ def write_layer_stats(directory: Path, layer: int, observer: ExpertStatsObserver
     return writer.commit(), counts
 
 
-def _stats_at(f, key: str, names: set[str]) -> ExpertInputStats:
-    tokens = int(f.get_tensor(f"{key}.tokens"))
-    energy = f.get_tensor(f"{key}.channel_energy")
-    if f"{key}.hessian" not in names:
-        return ExpertInputStats(tokens, energy)
-    norm_fourth, fourth_power = f.get_tensor(f"{key}.fourth_moments").tolist()
-    return ExpertInputStats(tokens, energy, f.get_tensor(f"{key}.hessian"), norm_fourth, fourth_power)
+class LayerStatsFile:
+    """One layer file, read one expert at a time (a K2.6 layer's Hessians are ~85 GB: never all at once).
+
+    :param path: the file; its header is read at once, a malformed one is a CheckpointError naming it.
+    """
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        try:
+            with safe_open(str(self.path), framework="pt") as f:
+                meta = f.metadata() or {}
+                self.layer = int(meta["layer"])
+                self.names = set(f.keys())
+        except (OSError, KeyError, ValueError, RuntimeError) as e:
+            raise CheckpointError(f"expert statistics file is unreadable or malformed ({e})", file=self.path) from None
+
+    def keys(self) -> list[str]:
+        """`experts.E.G` and `shared.G` keys present."""
+        return sorted(n.removesuffix(".tokens") for n in self.names if n.endswith(".tokens"))
+
+    def expert(self, expert: int, group: str) -> ExpertInputStats | None:
+        return self._read(f"experts.{expert}.{group}")
+
+    def shared(self, group: str) -> ExpertInputStats | None:
+        return self._read(f"shared.{group}")
+
+    def _read(self, key: str) -> ExpertInputStats | None:
+        if f"{key}.tokens" not in self.names:
+            return None
+        try:
+            with safe_open(str(self.path), framework="pt") as f:
+                tokens = int(f.get_tensor(f"{key}.tokens"))
+                energy = f.get_tensor(f"{key}.channel_energy")
+                if f"{key}.hessian" not in self.names:
+                    return ExpertInputStats(tokens, energy)
+                norm_fourth, fourth_power = f.get_tensor(f"{key}.fourth_moments").tolist()
+                return ExpertInputStats(tokens, energy, f.get_tensor(f"{key}.hessian"), norm_fourth, fourth_power)
+        except (OSError, KeyError, ValueError, RuntimeError) as e:
+            raise CheckpointError(f"expert statistics are malformed ({e})", file=self.path, tensor=key) from None
 
 
 def read_layer_stats(path: Path) -> LayerExpertStats:
-    """Every expert's and the shared statistics in one layer file; a malformed file is a CheckpointError."""
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-            layer = int(meta["layer"])
-            names = set(f.keys())
-            out = LayerExpertStats(layer)
-            for name in sorted(n for n in names if n.endswith(".tokens")):
-                key = name.removesuffix(".tokens")
-                parts = key.split(".")
-                if parts[0] == "experts" and len(parts) == 3 and parts[2] in (GATE_UP, DOWN):
-                    out.experts[(int(parts[1]), parts[2])] = _stats_at(f, key, names)
-                elif parts[0] == "shared" and len(parts) == 2:
-                    out.shared[parts[1]] = _stats_at(f, key, names)
-                else:
-                    raise ValueError(f"unexpected tensor {name}")
-    except CheckpointError:
-        raise
-    except (OSError, KeyError, ValueError, RuntimeError) as e:
-        raise CheckpointError(f"expert statistics file is unreadable or malformed ({e})", file=path) from None
+    """Every expert's and the shared statistics in one layer file (tests and small models; requantize reads
+    `LayerStatsFile` one expert at a time)."""
+    file = LayerStatsFile(path)
+    out = LayerExpertStats(file.layer)
+    for key in file.keys():
+        parts = key.split(".")
+        if parts[0] == "experts" and len(parts) == 3 and parts[2] in (GATE_UP, DOWN):
+            out.experts[(int(parts[1]), parts[2])] = file.expert(int(parts[1]), parts[2])
+        elif parts[0] == "shared" and len(parts) == 2:
+            out.shared[parts[1]] = file.shared(parts[1])
+        else:
+            raise CheckpointError(f"unexpected statistics {key}", file=file.path)
     return out
 
 
@@ -141,6 +165,7 @@ __all__ = [
     "EXPERT_STATS_DIR",
     "ExpertStatsMode",
     "LayerExpertStats",
+    "LayerStatsFile",
     "LayerStatsCounts",
     "layer_stats_name",
     "read_layer_counts",

@@ -27,8 +27,8 @@ from ..errors import CheckpointError
 INPUT_SCALES_SHARD = "model-input-scales.safetensors"
 INPUT_SCALE_SUFFIX = ".input_scale"
 CALIBRATE_STAGE = "calibrate"
-# Stages whose results depend on the input scales (requantize: on the statistics) and become stale when they change.
-DEPENDENT_STAGES = ("requantize", "validate", "serve_check", "publish")
+# Stages whose results depend on the input scales and become stale when they change.
+DEPENDENT_STAGES = ("validate", "serve_check", "publish")
 
 
 def misplaced_input_scales(reader: CheckpointReader) -> list[str]:
