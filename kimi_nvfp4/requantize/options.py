@@ -28,7 +28,7 @@ OutputAwareMethod.__doc__ = "Scale methods that need calibration statistics ('ac
 
 def expert_stats_mode_for(method: str) -> ExpertStatsMode:
     """What calibrate must record for `method` (the least that suffices)."""
-    return STATS_MODES_FOR[method_spec(method).statistics][0]
+    return STATS_MODES_FOR[method_spec(OutputAwareMethod(method).value).statistics][0]
 
 
 class RequantizeOptions(StageOptions):
