@@ -77,7 +77,9 @@ def _add(writer: ShardWriter, key: str, stats: ExpertInputStats, dense_ok: bool)
     return True
 
 
-def write_layer_stats(directory: Path, layer: int, observer: ExpertStatsObserver) -> tuple[WrittenShard, LayerStatsCounts]:
+def write_layer_stats(
+    directory: Path, layer: int, observer: ExpertStatsObserver
+) -> tuple[WrittenShard, LayerStatsCounts]:
     """Write one layer's file atomically; returns it and the fallback counts."""
     counts = LayerStatsCounts(layer=layer, mode=observer.mode.value)
     writer = ShardWriter(directory / layer_stats_name(layer))

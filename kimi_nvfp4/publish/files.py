@@ -43,7 +43,8 @@ def is_published(relative: Path) -> bool:
     """True if a file at this relative path belongs in the upload."""
     if any(part.startswith(".") for part in relative.parts):
         return False
-    if relative.parts[0] in (REPORT_DIR_NAME, CALIBRATION_DIR_NAME) and relative.suffix not in PUBLISHED_REPORT_SUFFIXES:
+    in_report_folder = relative.parts[0] in (REPORT_DIR_NAME, CALIBRATION_DIR_NAME)
+    if in_report_folder and relative.suffix not in PUBLISHED_REPORT_SUFFIXES:
         return False
     return not relative.name.endswith(PARTIAL_SUFFIX)
 

@@ -29,7 +29,14 @@ from ..calibrate.expert_stats import ExpertStatsMode
 from ..calibrate.expert_stats_file import LayerStatsFile
 from ..calibrate.expert_stats_hook import EXPERT_STATS_RECORD
 from ..calibrate.shard import CALIBRATE_STAGE, DEPENDENT_STAGES
-from ..checkpoint.manifest import ConversionManifest, ShardRecord, StageRecord, conversion_sha256, load_manifest, save_manifest
+from ..checkpoint.manifest import (
+    ConversionManifest,
+    ShardRecord,
+    StageRecord,
+    conversion_sha256,
+    load_manifest,
+    save_manifest,
+)
 from ..checkpoint.output_lock import holds_output_lock
 from ..checkpoint.reader import CheckpointReader
 from ..checkpoint.writer import sha256_file

@@ -22,7 +22,9 @@ STATS_MODES_FOR = {
     StatisticsNeed.HESSIAN: (ExpertStatsMode.HESSIAN,),
 }
 
-OutputAwareMethod = Enum("OutputAwareMethod", {n.upper().replace("-", "_"): n for n in OUTPUT_AWARE_METHODS}, type=str)
+OutputAwareMethod = Enum(
+    "OutputAwareMethod", {n.upper().replace("-", "_"): n for n in OUTPUT_AWARE_METHODS}, type=str
+)
 OutputAwareMethod.__doc__ = "Scale methods that need calibration statistics ('act-diag', 'gptq')."
 
 

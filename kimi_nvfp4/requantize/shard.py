@@ -68,7 +68,9 @@ def _int4(source: CheckpointReader, module: str, device: torch.device) -> Int4Ma
     return Int4Matrix.from_packed(weight_packed.to(device), source.load(scale).to(device), in_features)
 
 
-def _matrices(source: CheckpointReader, item: ExpertInput, device: torch.device, stats: LayerStatsFile) -> ExpertMatrices:
+def _matrices(
+    source: CheckpointReader, item: ExpertInput, device: torch.device, stats: LayerStatsFile
+) -> ExpertMatrices:
     layout = source.layout
     modules = [layout.expert_module(item.layer, item.expert, p) for p in INPUT_PROJS[item.group]]
     shared = stats.shared(item.group) if item.group == GATE_UP else None
