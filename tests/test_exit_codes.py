@@ -38,6 +38,7 @@ INJECTION_POINTS = {
     "convert": ("kimi_nvfp4.convert.cli.convert_checkpoint", ["{d}", "{d}/out"]),
     "synth": ("kimi_nvfp4.synth.cli.create_synthetic_checkpoint", ["{d}/synth"]),
     "calibrate": ("kimi_nvfp4.calibrate.api.calibrate_checkpoint", ["{d}", "--source", "{d}", "--data", "sample"]),
+    "requantize": ("kimi_nvfp4.requantize.api.requantize_checkpoint", ["{d}", "--source", "{d}"]),
     "validate": ("kimi_nvfp4.validate.api.validate_checkpoint",
                  ["{d}", "--source", "{d}", "--data", "sample", "--report", "{d}/r"]),
     "serve-check": ("kimi_nvfp4.serve_check.api.run_serve_check", ["{d}", "--report", "{d}/r"]),

@@ -177,3 +177,31 @@ def kv_cache_scales(ctx: BlockContext) -> str:
               num(row["top1"], 3), num(row["ppl"], 2)] for row in rows],
         ))
     return "\n\n".join(parts)
+
+
+def _spread(entry: dict, digits: int) -> str:
+    return f"{num(entry['mean'], digits)} ({num(entry['min'], digits)}–{num(entry['max'], digits)})"
+
+
+@renderer("requantize_accuracy")
+def requantize_accuracy(ctx: BlockContext) -> str:
+    """Validate's end-to-end figures per scale method over several held-out draws (bench_requantize_accuracy.py);
+    the multiple of `amax` is taken within each result file."""
+    parts = [provenance(ctx)]
+    for r in ctx.results:
+        summary = _rows(r, "summary")
+        base = next((m for m in summary if m["method"] == BASELINE_METHOD), None)
+
+        def ratio(m: dict, key: str) -> str:
+            return num(m[key]["mean"] / base[key]["mean"], 2, "x") if base else MISSING
+
+        seeds = summary[0].get("seeds", [])
+        parts.append(f"`{r.path}` — held-out draws (seeds) {', '.join(map(str, seeds))}; mean (min–max) over the draws:")
+        parts.append(table(
+            ["method", "KL W4A16", f"x `{BASELINE_METHOD}`", "KL W4A4", f"x `{BASELINE_METHOD}`", "top-1 W4A16",
+             "top-1 W4A4"],
+            [[f"`{m['method']}`", _spread(m["w4a16.kl_mean"], 4), ratio(m, "w4a16.kl_mean"), _spread(m["w4a4.kl_mean"], 4),
+              ratio(m, "w4a4.kl_mean"), num(m["w4a16.top1"]["mean"], 3), num(m["w4a4.top1"]["mean"], 3)]
+             for m in summary],
+        ))
+    return "\n\n".join(parts)

@@ -57,6 +57,9 @@ from .shard import (
 )
 from .stats import ActivationCollector
 from .kv_cache import FP8_KV_CACHE_ALGO, KVCacheRanges, declared_kv_cache_algo, kv_cache_scales, with_kv_cache
+from .expert_stats import ExpertStatsMode
+from .expert_stats_file import EXPERT_STATS_DIR
+from .expert_stats_hook import EXPERT_STATS_RECORD, ExpertStatsHook
 
 # Reports and per-layer statistics go here, inside the output folder.
 CALIBRATION_DIR = "calibration"
@@ -189,6 +192,7 @@ def run_calibration(
     prefetch: bool | None = None,
     ctx: RankContext | None = None,
     kv_cache: bool = False,
+    expert_stats: ExpertStatsHook | None = None,
 ) -> CalibrationRun:
     """The observe / choose / advance loop over `layers` (default all) of the converted checkpoint.
 
@@ -202,6 +206,8 @@ def run_calibration(
     this rank's share and the statistics of all ranks are combined before each layer's scales are
     chosen, so every rank computes the same scales (kimi_nvfp4.distributed). `kv_cache`: also record
     what each layer's MLA cache holds (`run.kv_ranges`, for the FP8 KV scales of calibrate/kv_cache.py).
+    `expert_stats`: also record each routed expert's input statistics and write them per layer
+    (calibrate/expert_stats_hook.py).
     """
     ctx = ctx or RankContext()
     compute_dtype = resolve_dtype(dtype, device)
@@ -218,24 +224,29 @@ def run_calibration(
     todo = list(range(cfg.num_hidden_layers) if layers is None else layers)
     states = runner.embed(sequences)
     collector = ActivationCollector(device=device)
+    observer = collector if expert_stats is None else expert_stats.observer(collector, device)
     run = CalibrationRun({}, [], [], dtype=dtype_name(compute_dtype), max_chunk_tokens=max_chunk_tokens)
     run.kv_ranges = KVCacheRanges(device=device) if kv_cache else None
     tokens = job_tokens(ctx, sum(int(s.numel()) for s in sequences))
     for layer in layer_progress(todo, tokens_per_layer=tokens, desc="calibrate: layers", enabled=progress):
         t0 = time.perf_counter()
         collector.start_layer(layer)
+        if expert_stats is not None:
+            expert_stats.start_layer(layer)
         modules = quantized_modules(reader, layer)
         collector.route_all = bool(modules) and policy is ExpertPolicy.ROUTE_ALL and cfg.is_moe_layer(layer)
         w = runner.load_layer(layer)
         attended = runner.attend(layer, states, w, observer=with_kv_cache(collector, run.kv_ranges))
         if not modules:  # no NVFP4 linear: W4A16 and W4A4 agree, one pass is both
-            states = runner.feed_forward(attended, w, observer=collector)
+            states = runner.feed_forward(attended, w, observer=observer)
         else:
             recompute_attention = _outside_mlp(modules)
             if not recompute_attention:
                 states = attended  # drop the layer input now: the W4A4 pass starts from `attended` too
-            runner.feed_forward(attended, w, observer=collector, output=False)  # observe: statistics only
+            runner.feed_forward(attended, w, observer=observer, output=False)  # observe: statistics only
         collector.combine_ranks(ctx)
+        if expert_stats is not None:
+            expert_stats.finish_layer(layer, reader, ctx)
         layer_scales, entry = _layer_scales(
             reader, layer, collector, policy=policy, min_expert_tokens=min_expert_tokens
         )
@@ -309,6 +320,9 @@ def calibrate_checkpoint(
         generated_sessions=generated_sessions,
     )
     calib_dir = Path(report_dir) if report_dir is not None else output / CALIBRATION_DIR
+    # always inside the output (requantize reads them there), wherever the report goes
+    expert_hook = None if opts.expert_stats is ExpertStatsMode.NONE else ExpertStatsHook(
+        opts.expert_stats, output / CALIBRATION_DIR / EXPERT_STATS_DIR)
     run = run_calibration(
         out_reader,
         ctx.shard(sample_set.sequences),
@@ -322,6 +336,7 @@ def calibrate_checkpoint(
         dtype=dtype,
         ctx=ctx,
         kv_cache=kv_fp8,
+        expert_stats=expert_hook,
     )
     if not ctx.is_main:  # rank 0 writes; the others return what it wrote
         ctx.barrier()
@@ -340,9 +355,10 @@ def calibrate_checkpoint(
     written = install_input_scales(
         output,
         {**run.scales, **kv_scales},
-        stage_settings=settings.model_dump(),
+        stage_settings={**settings.model_dump(), **opts.recorded_expert_stats()},
         stage_outputs={
-            "report": str(calib_dir.relative_to(output)) if calib_dir.is_relative_to(output) else str(calib_dir)
+            "report": str(calib_dir.relative_to(output)) if calib_dir.is_relative_to(output) else str(calib_dir),
+            **({} if expert_hook is None else {EXPERT_STATS_RECORD: expert_hook.record(output)}),
         },
     )
     report = CalibrationReport(

@@ -8,6 +8,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field, field_validator
 
 from ..stage_options import Cli, StageOptions, device_name
+from .expert_stats import ExpertStatsMode
 from .policy import DEFAULT_EXPERT_POLICY, DEFAULT_MIN_EXPERT_TOKENS, ExpertPolicy
 
 DEFAULT_SAMPLES = 512
@@ -37,6 +38,10 @@ class CalibrateOptions(StageOptions):
     max_chunk_tokens: int | None = Field(None, ge=1, description="Tokens per MLP/MoE chunk (memory/speed trade-off).")
     states_device: str | None = Field(
         None, description="Keep hidden states here (e.g. cpu) when they do not fit the GPU.")
+    expert_stats: ExpertStatsMode = Field(
+        ExpertStatsMode.NONE, description="Also record each routed expert's input statistics for `requantize` "
+                                          "(OUTPUT/calibration/expert_stats/): diag = channel energies (act-diag), "
+                                          "hessian = also the dense X^T X where an expert saw enough tokens (gptq).")
 
     # What decides the scales (with the data spec): `dtype` is left out, the manifest records the resolved one.
     RECORDED: ClassVar[tuple[str, ...]] = ("samples", "seq_len", "seed", "min_expert_tokens", "policy")
@@ -54,4 +59,8 @@ class CalibrateOptions(StageOptions):
         return _DTYPE_ALIASES.get(name, name)
 
     def recorded(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", include=set(self.RECORDED))
+        return {**self.model_dump(mode="json", include=set(self.RECORDED)), **self.recorded_expert_stats()}
+
+    def recorded_expert_stats(self) -> dict[str, Any]:
+        """`expert_stats` where it is on: absent at `none`, so records written before it existed still match."""
+        return {} if self.expert_stats is ExpertStatsMode.NONE else {"expert_stats": self.expert_stats.value}

@@ -35,14 +35,14 @@ def _finish(summary: PipelineSummary) -> None:
 @click.argument("source")
 @click.argument("output", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="pipeline.toml: one section per stage ([convert], [calibrate], [validate], [serve_check], "
-                   "[publish]); see docs/pipeline.md.")
+              help="pipeline.toml: one section per stage ([convert], [calibrate], [requantize], [validate], "
+                   "[serve_check], [publish]); see docs/pipeline.md.")
 @click.option("--device", default=None, help="Default device for every stage (auto, cpu, cuda, cuda:N); "
                                              "overrides the config's top-level `device`.")
 @click.option("--no-progress", is_flag=True, help="Hide progress bars.")
 def run_command(source: str, output: Path, config_path: Path | None, device: str | None,
                 no_progress: bool) -> None:
-    """Run convert -> calibrate -> validate [-> serve-check] [-> publish] from SOURCE into OUTPUT.
+    """Run convert -> calibrate [-> requantize] -> validate [-> serve-check] [-> publish] from SOURCE into OUTPUT.
 
     A stage already finished with the same settings is skipped; the run stops at the first failing stage and
     exits with its code (1 gate failed, 3 bad checkpoint, 4 output problem, 5 device, 2 other).

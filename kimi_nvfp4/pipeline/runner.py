@@ -98,7 +98,7 @@ def run_pipeline(
     *,
     progress: bool = True,
 ) -> PipelineSummary:
-    """convert -> calibrate -> validate -> serve-check (if enabled) -> publish (if enabled).
+    """convert -> calibrate -> requantize (if enabled) -> validate -> serve-check (if enabled) -> publish (if enabled).
 
     Never raises for a stage failure: the failure is in the summary and `summary.exit_code`.
     """

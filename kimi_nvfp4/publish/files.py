@@ -19,8 +19,10 @@ PARTIAL_SUFFIX = ".partial"
 GLOB_CHARACTERS = frozenset("*?[]")
 CARD_NAME = "README.md"
 # Stage reports are published for the card to link (JSON, Markdown, PNG charts); bulky by-products under the
-# report folder (calibrate's per-layer activation statistics, server logs) stay local.
+# report folders (calibrate's per-layer activation statistics and expert statistics -- dense Hessians, ~85 GB a
+# layer at K2.6 size -- server logs) stay local.
 REPORT_DIR_NAME = "reports"
+CALIBRATION_DIR_NAME = "calibration"  # calibrate's default report folder, and always its expert statistics
 PUBLISHED_REPORT_SUFFIXES = frozenset({".json", ".md", ".png"})
 # The source's own model card, kept beside ours when publish writes README.md (attribution, license text).
 SOURCE_CARD_NAME = "README.source.md"
@@ -41,7 +43,8 @@ def is_published(relative: Path) -> bool:
     """True if a file at this relative path belongs in the upload."""
     if any(part.startswith(".") for part in relative.parts):
         return False
-    if relative.parts[0] == REPORT_DIR_NAME and relative.suffix not in PUBLISHED_REPORT_SUFFIXES:
+    in_report_folder = relative.parts[0] in (REPORT_DIR_NAME, CALIBRATION_DIR_NAME)
+    if in_report_folder and relative.suffix not in PUBLISHED_REPORT_SUFFIXES:
         return False
     return not relative.name.endswith(PARTIAL_SUFFIX)
 

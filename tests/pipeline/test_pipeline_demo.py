@@ -39,4 +39,5 @@ def test_demo_runs_every_stage_and_prints_the_summary(tmp_path, capsys):
     from kimi_nvfp4.pipeline import run_demo
 
     again = run_demo(tmp_path / "demo", progress=False)
-    assert [s.status for s in again.stages[:4]] == [StageStatus.SKIPPED] * 4 and again.exit_code == 0
+    active = [s.status for s in again.stages if s.name != "requantize"]  # off in the demo
+    assert active[:4] == [StageStatus.SKIPPED] * 4 and again.exit_code == 0

@@ -13,6 +13,7 @@ from ...registry import COMMANDS, load_target
 from .calibrate import CalibrateStage
 from .convert import ConvertStage
 from .publish import PublishStage
+from .requantize import RequantizeStage
 from .serve_check import ServeCheckStage
 from .validate import ValidateStage
 
@@ -31,5 +32,5 @@ def build_stages(config: PipelineConfig) -> list[tuple[Stage, bool]]:
     return [(stage(), getattr(config.section(stage.name), "enabled", True)) for stage in stage_types()]
 
 
-__all__ = ["CalibrateStage", "ConvertStage", "PublishStage", "ServeCheckStage", "ValidateStage", "build_stages",
+__all__ = ["CalibrateStage", "ConvertStage", "PublishStage", "RequantizeStage", "ServeCheckStage", "ValidateStage", "build_stages",
            "stage_types"]

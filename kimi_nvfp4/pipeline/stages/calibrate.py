@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import Field
 
 from ...calibrate import CalibrateOptions, calibrate_checkpoint
+from ...requantize.options import expert_stats_mode_for
 from ..stage import StageContext, StageOutcome
 from .base import DEFAULT_DATA, ManifestRecordedStage, key_values, local_source, scalar_fields, section_options
 
@@ -27,7 +28,13 @@ class CalibrateStage(ManifestRecordedStage):
         return ctx.config.section(self.name).data or DEFAULT_DATA
 
     def options(self, ctx: StageContext) -> CalibrateOptions:
-        return section_options(ctx, ctx.config.section(self.name), CalibrateOptions)
+        section = ctx.config.section(self.name)
+        options = section_options(ctx, section, CalibrateOptions)
+        requantize = ctx.config.section("requantize")
+        if requantize.enabled and "expert_stats" not in section.model_fields_set:
+            # the statistics [requantize]'s method needs (set expert_stats here to record more, e.g. hessian)
+            options = options.model_copy(update={"expert_stats": expert_stats_mode_for(requantize.method)})
+        return options
 
     def settings(self, ctx: StageContext) -> dict[str, Any]:
         return {"data": self.data(ctx), **self.options(ctx).recorded()}

@@ -1,0 +1,134 @@
+"""Per-expert input statistics for the output-aware scale methods (`calibrate --expert-stats diag|hessian`).
+
+An expert's gate_proj and up_proj read the same rows (its routed tokens' hidden states); its down_proj reads its
+own intermediate. `ExpertStatsObserver` accumulates, per routed expert and per input (`gate_up`, `down`), the
+running sums `InputStatsAccumulator` keeps: the channel energies always, and with `hessian` the dense `X^T X`
+and the fourth moments the Hessian shrinkage needs. The layer's shared statistics of the gate/up input (every
+token's MoE input, read where the shared expert's gate_proj sees it) are kept too: the fallback for experts that
+saw too few tokens (`numerics/methods/output_aware/refine.py`). There is no shared fallback for down: each
+expert's intermediate space is its own.
+
+Only routed tokens count (what the served model sends an expert); `route-all` statistics passes are ignored.
+The observer lives beside calibrate's `ActivationCollector` for one layer at a time (`start_layer` drops the
+previous layer's sums), so memory is one layer's accumulators: with `hessian`, n_experts x (hidden^2 +
+intermediate^2) sums (K2.6: 384 x (7168^2 + 2048^2) float32 = 85 GB on the device; float64 on the CPU).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+import torch
+
+from ..numerics.methods import InputStatsAccumulator
+
+GATE_UP, DOWN = "gate_up", "down"
+# gate_proj and up_proj read the same rows: the statistics are taken once, at gate_proj
+_STATS_INPUT = {"gate_proj": GATE_UP, "down_proj": DOWN}
+# The module that reads every token's MoE input (the shared expert): the layer's shared gate/up statistics.
+SHARED_INPUT_MODULE = "mlp.shared_experts.gate_proj"
+_EXPERT_PREFIX = "mlp.experts."
+
+
+class ExpertStatsMode(str, Enum):
+    """What calibrate records per routed expert input."""
+
+    NONE = "none"  # nothing (calibrate's outputs as before)
+    DIAG = "diag"  # channel energies E[x_j^2] (act-diag)
+    HESSIAN = "hessian"  # also the dense X^T X / n where an expert saw enough tokens (gptq)
+
+
+def _sum_dtype(device: torch.device) -> torch.dtype:
+    # float64 where it is cheap (CPU, the reference); float32 halves the dense sums' memory on a GPU
+    return torch.float64 if device.type == "cpu" else torch.float32
+
+
+class ExpertStatsObserver:
+    """A `kimi_nvfp4.model` observer recording each routed expert's input statistics for one layer at a time."""
+
+    needs_outputs = False
+    route_all = False  # never asks for statistics-only passes itself (calibrate's collector may)
+
+    def __init__(self, mode: ExpertStatsMode, device: torch.device | str = "cpu"):
+        if mode is ExpertStatsMode.NONE:
+            raise ValueError("ExpertStatsObserver needs mode diag or hessian")
+        self.mode = mode
+        self.device = torch.device(device)
+        self.layer: int | None = None
+        self.experts: dict[tuple[int, str], InputStatsAccumulator] = {}
+        self.shared: InputStatsAccumulator | None = None
+
+    @property
+    def dense(self) -> bool:
+        return self.mode is ExpertStatsMode.HESSIAN
+
+    def start_layer(self, layer: int) -> None:
+        self.layer = layer
+        self.experts = {}
+        self.shared = None
+
+    def _accumulator(self, width: int) -> InputStatsAccumulator:
+        return InputStatsAccumulator(width, dense=self.dense, device=self.device, dtype=_sum_dtype(self.device))
+
+    # --- observer protocol (kimi_nvfp4.model.observer) ---------------------------------------
+    def on_linear(self, layer, module, x, y, expert=None, routed=True) -> None:
+        if not routed or x is None:
+            return
+        if layer != self.layer:
+            raise RuntimeError(f"expert statistics were set up for layer {self.layer} but saw layer {layer}")
+        if expert is None:
+            if module == SHARED_INPUT_MODULE:
+                if self.shared is None:
+                    self.shared = self._accumulator(x.shape[-1])
+                self.shared.add(x)
+            return
+        group = _STATS_INPUT.get(module.rsplit(".", 1)[-1])
+        if group is None or not module.startswith(_EXPERT_PREFIX):
+            return
+        acc = self.experts.get((expert, group))
+        if acc is None:
+            acc = self.experts[(expert, group)] = self._accumulator(x.shape[-1])
+        acc.add(x)
+
+    def on_router(self, layer, topk_ids, topk_weights, n_experts=None) -> None:
+        pass
+
+    def combine_ranks(self, ctx, widths: dict[str, int], n_experts: int) -> None:
+        """Every rank's sums become those of all ranks' tokens (data parallelism): sums and counts by sum, in a
+        fixed key order (every expert and input of the layer, created empty where a rank saw none)."""
+        if not ctx.distributed:
+            return
+        for e in range(n_experts):
+            for group, width in widths.items():
+                if (e, group) not in self.experts:
+                    self.experts[(e, group)] = self._accumulator(width)
+        if self.shared is None:
+            self.shared = self._accumulator(widths[GATE_UP])
+        for acc in [self.experts[k] for k in sorted(self.experts)] + [self.shared]:
+            ctx.all_reduce_sum_(acc.sum_squares)
+            ctx.all_reduce_sum_(acc.sum_fourth)
+            if acc.sum_outer is not None:
+                ctx.all_reduce_sum_(acc.sum_outer)
+            tokens = torch.tensor([acc.tokens], dtype=torch.int64, device=acc.sum_squares.device)
+            acc.tokens = int(ctx.all_reduce_sum_(tokens)[0])
+
+
+class CollectorWithExpertStats:
+    """calibrate's `ActivationCollector` and an `ExpertStatsObserver` seen by the runner as one observer: the
+    collector decides `route_all`, both see every linear."""
+
+    needs_outputs = False
+
+    def __init__(self, collector, experts: ExpertStatsObserver):
+        self.collector, self.experts = collector, experts
+
+    @property
+    def route_all(self) -> bool:
+        return self.collector.route_all
+
+    def on_linear(self, layer, module, x, y, expert=None, routed=True) -> None:
+        self.collector.on_linear(layer, module, x, y, expert=expert, routed=routed)
+        self.experts.on_linear(layer, module, x, y, expert=expert, routed=routed)
+
+    def on_router(self, layer, topk_ids, topk_weights, n_experts=None) -> None:
+        self.collector.on_router(layer, topk_ids, topk_weights, n_experts)
