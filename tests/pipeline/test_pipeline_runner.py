@@ -139,7 +139,7 @@ def test_convert_is_not_skipped_for_a_different_source(tmp_path, make_tiny_k2):
     ctx_a = StageContext(src_a, out, PipelineConfig(), out / "reports", progress=False)
     ctx_b = StageContext(src_b, out, PipelineConfig(), out / "reports", progress=False)
     assert stage.completed_settings(ctx_a) is not None
-    assert set(stage.settings(ctx_a)) == {"method", "kv_cache_quant_algo"}
+    assert set(stage.settings(ctx_a)) == {"method", "kv_cache_quant_algo", "shared_experts", "shared_expert_scales"}
     assert stage.completed_settings(ctx_a).items() >= stage.settings(ctx_a).items()
     assert stage.completed_settings(ctx_b) is None
 
