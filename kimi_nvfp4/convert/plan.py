@@ -34,15 +34,13 @@ from ..checkpoint.source_checks import (
 from ..checkpoint.tensor_io import ShardFiles
 from ..checkpoint.writer import TensorSpec
 from ..errors import CheckpointError, UnsupportedCheckpointError
-from ..numerics.constants import INT4_GROUP_SIZE, NVFP4_BLOCK_SIZE
+from ..numerics.constants import INT4_GROUP_SIZE
+from .nvfp4_outputs import nvfp4_output_bytes, nvfp4_output_specs
 from .shared_experts import SHARED_SCALE_PROJS, DenseMatrix, DenseScaleGroup, SharedExperts, plan_shared_experts
 from .source_files import SkippedFile, require_regular, select_source_files
 
 # Output tensors of one NVFP4 linear (ModelOpt HF export names).
 NVFP4_SUFFIXES = ("weight", "weight_scale", "weight_scale_2")
-_FP32_BYTES = 4
-_NIBBLES_PER_BYTE = 2
-_E4M3_BYTES = 1
 
 
 @dataclass(frozen=True)
@@ -60,17 +58,11 @@ class ExpertMatrix:
         return self.packed.nbytes + self.scale.nbytes
 
     def output_specs(self) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
-        o, i = self.out_features, self.in_features
-        return {
-            f"{self.module}.weight": (torch.uint8, (o, i // _NIBBLES_PER_BYTE)),
-            f"{self.module}.weight_scale": (torch.float8_e4m3fn, (o, i // NVFP4_BLOCK_SIZE)),
-            f"{self.module}.weight_scale_2": (torch.float32, ()),
-        }
+        return nvfp4_output_specs(self.module, self.out_features, self.in_features)
 
     @property
     def output_bytes(self) -> int:
-        o, i = self.out_features, self.in_features
-        return o * i // _NIBBLES_PER_BYTE + o * i // NVFP4_BLOCK_SIZE * _E4M3_BYTES + _FP32_BYTES
+        return nvfp4_output_bytes(self.out_features, self.in_features)
 
 
 @dataclass(frozen=True)
@@ -318,7 +310,9 @@ def plan_conversion(
         for info in job.passthrough:
             weight_map[info.name] = job.file
             total += info.nbytes
-        for m in job.dense_matrices:
+        # a shared expert quantized here, then the routed experts whose weights this shard holds
+        outputs = [*job.dense_matrices, *(m for g in job.groups for m in g.matrices if job.writes(m))]
+        for m in outputs:
             for name in m.output_specs():
                 if name in reader.tensors and name not in converted:
                     raise CheckpointError(
@@ -326,17 +320,6 @@ def plan_conversion(
                     )
                 weight_map[name] = job.file
             total += m.output_bytes
-        for group in job.groups:
-            for m in group.matrices:
-                if not job.writes(m):
-                    continue
-                for name in m.output_specs():
-                    if name in reader.tensors and name not in int4_names:
-                        raise CheckpointError(
-                            "the source already has a tensor named like a converted output", file=reader.tensors[name].file, tensor=name
-                        )
-                    weight_map[name] = job.file
-                total += m.output_bytes
     bf16 = [m for m in bf16_linear_modules(reader) if m not in dense]
     files = select_source_files(reader.root, set(reader.shard_files), trusted)
     return ConversionPlan(

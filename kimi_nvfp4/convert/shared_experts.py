@@ -24,6 +24,7 @@ from ..checkpoint.tensor_io import ShardFiles
 from ..errors import CheckpointError, UnsupportedCheckpointError
 from ..numerics.bf16_source import Bf16ScaleRule, quantize_bf16_group
 from ..numerics.constants import NVFP4_BLOCK_SIZE
+from .nvfp4_outputs import FP32_BYTES, nvfp4_output_bytes, nvfp4_output_specs
 from ..numerics.nvfp4 import NVFP4Tensor
 
 SHARED_EXPERTS_MODULE = "mlp.shared_experts"
@@ -31,9 +32,6 @@ SHARED_EXPERTS_MODULE = "mlp.shared_experts"
 # `w13_weight_scale_2` per expert; the shared expert's dense merged linear keeps one scale).
 SHARED_SCALE_PROJS = ("gate_proj", "up_proj")
 _SOURCE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-_NIBBLES_PER_BYTE = 2
-_E4M3_BYTES = 1
-_FP32_BYTES = 4
 
 
 class SharedExperts(str, Enum):
@@ -53,17 +51,11 @@ class DenseMatrix:
     weight: TensorInfo
 
     def output_specs(self) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
-        o, i = self.out_features, self.in_features
-        return {
-            f"{self.module}.weight": (torch.uint8, (o, i // _NIBBLES_PER_BYTE)),
-            f"{self.module}.weight_scale": (torch.float8_e4m3fn, (o, i // NVFP4_BLOCK_SIZE)),
-            f"{self.module}.weight_scale_2": (torch.float32, ()),
-        }
+        return nvfp4_output_specs(self.module, self.out_features, self.in_features)
 
     @property
     def output_bytes(self) -> int:
-        o, i = self.out_features, self.in_features
-        return o * i // _NIBBLES_PER_BYTE + o * i // NVFP4_BLOCK_SIZE * _E4M3_BYTES + _FP32_BYTES
+        return nvfp4_output_bytes(self.out_features, self.in_features)
 
 
 @dataclass(frozen=True)
@@ -122,5 +114,5 @@ def quantize_dense_group(
     quantized = quantize_bf16_group(weights, rule)
     # the source weights, their float32 copies (numerics temporaries aside) and the outputs
     elements = sum(m.out_features * m.in_features for m in group.matrices)
-    held = sum(m.weight.nbytes + m.output_bytes for m in group.matrices) + elements * _FP32_BYTES
+    held = sum(m.weight.nbytes + m.output_bytes for m in group.matrices) + elements * FP32_BYTES
     return [q.to("cpu") for q in quantized], held
