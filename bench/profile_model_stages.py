@@ -69,6 +69,16 @@ def _profiled(fn):
     return out, wall, prof, pr
 
 
+def _stage_entry(wall: float, prof, pr: cProfile.Profile, **timings) -> dict:
+    """One stage's part of the result file (printed as well): wall time, its own timings, the top ops and the
+    Python profile."""
+    entry = {"wall_s": wall, **timings, "by_device_time": _ops(prof, "self_device_time_total"),
+             "by_cpu_time": _ops(prof, "self_cpu_time_total"), "python": _python(pr)}
+    print(json.dumps({k: v for k, v in entry.items() if k != "python"}, indent=1)[:6000])
+    print(entry["python"][:4000])
+    return entry
+
+
 def main() -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     from bench_calibrate import prepare, sequences
@@ -107,15 +117,7 @@ def main() -> None:
                 reader, seqs, policy=ExpertPolicy.PEER_MAX, min_expert_tokens=32, device=dev, progress=False
             )
         )
-        result["calibrate"] = {
-            "wall_s": wall,
-            "layer_seconds": run.layer_seconds,
-            "by_device_time": _ops(prof, "self_device_time_total"),
-            "by_cpu_time": _ops(prof, "self_cpu_time_total"),
-            "python": _python(pr),
-        }
-        print(json.dumps({k: v for k, v in result["calibrate"].items() if k != "python"}, indent=1)[:6000])
-        print(result["calibrate"]["python"][:4000])
+        result["calibrate"] = _stage_entry(wall, prof, pr, layer_seconds=run.layer_seconds)
     if "validate" not in args.skip:
         src_reader = CheckpointReader(src)
         comp, wall, prof, pr = _profiled(
@@ -125,16 +127,8 @@ def main() -> None:
                 progress=False,
             )
         )
-        result["validate"] = {
-            "wall_s": wall,
-            "layer_seconds": comp.layer_seconds,
-            "logits_seconds": comp.logits_seconds,
-            "by_device_time": _ops(prof, "self_device_time_total"),
-            "by_cpu_time": _ops(prof, "self_cpu_time_total"),
-            "python": _python(pr),
-        }
-        print(json.dumps({k: v for k, v in result["validate"].items() if k != "python"}, indent=1)[:6000])
-        print(result["validate"]["python"][:4000])
+        result["validate"] = _stage_entry(wall, prof, pr, layer_seconds=comp.layer_seconds,
+                                          logits_seconds=comp.logits_seconds)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=1) + "\n")
 

@@ -30,3 +30,19 @@ def nvfp4_output_bytes(out_features: int, in_features: int) -> int:
     """Bytes of those three tensors."""
     o, i = out_features, in_features
     return o * i // NIBBLES_PER_BYTE + o * i // NVFP4_BLOCK_SIZE * E4M3_BYTES + FP32_BYTES
+
+
+class Nvfp4Outputs:
+    """For a planned matrix with `module`, `out_features` and `in_features` (routed or shared expert): the output
+    tensors it becomes and their bytes."""
+
+    module: str
+    out_features: int
+    in_features: int
+
+    def output_specs(self) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+        return nvfp4_output_specs(self.module, self.out_features, self.in_features)
+
+    @property
+    def output_bytes(self) -> int:
+        return nvfp4_output_bytes(self.out_features, self.in_features)

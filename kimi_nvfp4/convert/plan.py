@@ -35,7 +35,7 @@ from ..checkpoint.tensor_io import ShardFiles
 from ..checkpoint.writer import TensorSpec
 from ..errors import CheckpointError, UnsupportedCheckpointError
 from ..numerics.constants import INT4_GROUP_SIZE
-from .nvfp4_outputs import nvfp4_output_bytes, nvfp4_output_specs
+from .nvfp4_outputs import Nvfp4Outputs
 from .shared_experts import SHARED_SCALE_PROJS, DenseMatrix, DenseScaleGroup, SharedExperts, plan_shared_experts
 from .source_files import SkippedFile, require_regular, select_source_files
 
@@ -44,7 +44,7 @@ NVFP4_SUFFIXES = ("weight", "weight_scale", "weight_scale_2")
 
 
 @dataclass(frozen=True)
-class ExpertMatrix:
+class ExpertMatrix(Nvfp4Outputs):
     """One INT4 routed-expert linear in the source."""
 
     module: str  # e.g. language_model.model.layers.3.mlp.experts.17.up_proj
@@ -56,13 +56,6 @@ class ExpertMatrix:
     @property
     def int4_bytes(self) -> int:
         return self.packed.nbytes + self.scale.nbytes
-
-    def output_specs(self) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
-        return nvfp4_output_specs(self.module, self.out_features, self.in_features)
-
-    @property
-    def output_bytes(self) -> int:
-        return nvfp4_output_bytes(self.out_features, self.in_features)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from ..checkpoint.file_stamps import FileStamp
 from ..checkpoint.manifest import ShardRecord
 from ..checkpoint.writer import write_bytes_atomic
 from ..distributed import RankContext
-from ..errors import KimiNvfp4Error
+from ..errors import KimiNvfp4Error, exit_code_for
 from .job import ShardResult
 from .plan import ShardJob
 
@@ -121,8 +121,6 @@ def failure_of(error: BaseException | None) -> tuple[int, str] | None:
     """What other ranks need to know of this rank's error (exceptions do not all survive pickling)."""
     if error is None:
         return None
-    from ..errors import exit_code_for
-
     return exit_code_for(error), f"{type(error).__name__}: {error}"
 
 

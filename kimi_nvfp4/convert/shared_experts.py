@@ -24,7 +24,7 @@ from ..checkpoint.tensor_io import ShardFiles
 from ..errors import CheckpointError, UnsupportedCheckpointError
 from ..numerics.bf16_source import Bf16ScaleRule, quantize_bf16_group
 from ..numerics.constants import NVFP4_BLOCK_SIZE
-from .nvfp4_outputs import FP32_BYTES, nvfp4_output_bytes, nvfp4_output_specs
+from .nvfp4_outputs import FP32_BYTES, Nvfp4Outputs
 from ..numerics.nvfp4 import NVFP4Tensor
 
 SHARED_EXPERTS_MODULE = "mlp.shared_experts"
@@ -42,20 +42,13 @@ class SharedExperts(str, Enum):
 
 
 @dataclass(frozen=True)
-class DenseMatrix:
+class DenseMatrix(Nvfp4Outputs):
     """One BF16 shared-expert linear of the source, quantized to NVFP4 by convert."""
 
     module: str  # e.g. language_model.model.layers.3.mlp.shared_experts.up_proj
     out_features: int
     in_features: int
     weight: TensorInfo
-
-    def output_specs(self) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
-        return nvfp4_output_specs(self.module, self.out_features, self.in_features)
-
-    @property
-    def output_bytes(self) -> int:
-        return nvfp4_output_bytes(self.out_features, self.in_features)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ per-token KL, top-1 agreement and perplexity. Then every gate; the report is wri
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -17,10 +16,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-from ..stage_kit.progress import job_tokens, layer_progress
 
 from ..stage_kit.device import AUTO_DTYPE, dtype_name, resolve_device, resolve_dtype, synchronize
 from ..stage_kit.pairing import require_converted, require_matching_source
+from ..stage_kit.progress import job_tokens, layer_progress
 from ..stage_kit.samples import DataPart, load_sample_set
 from ..checkpoint.output_lock import holds_output_lock
 from ..checkpoint.reader import CheckpointReader
@@ -32,14 +31,15 @@ from ..model.layer_weights import LayerWeights
 from ..model.linear import ActivationMode, NVFP4Linear
 from ..model.runner import CUDA_MAX_CHUNK_TOKENS, DEFAULT_MAX_CHUNK_TOKENS
 from ..model.nvfp4_linears import InputScaleReduction
-from .baseline import BASELINE_MODE, BASELINE_NAME, baseline_enabled, baseline_layer
+from .baseline import BASELINE_NAME, baseline_enabled, baseline_layer
+from .evaluate import evaluate_gates
 from .experts import WORST_EXPERTS, ExpertError, ExpertErrorObserver
-from .gates import DEFAULT_GATES, GateResult, GateThresholds, gate_check, gate_max, gate_min
+from .gates import DEFAULT_GATES, GateThresholds
 from .metrics import RelativeError, TokenComparison
 from .options import ValidateOptions
 from .ranks import merge_counts, merge_relative_errors, merge_token_comparison
 from .report import EndToEnd, LayerValidation, ValidationReport, ValidationSettings, write_validation_report
-from .structure import StructureReport, check_structure
+from .structure import check_structure
 from .weights import WeightComparer, WeightSummary
 
 VALIDATE_STAGE = "validate"
@@ -59,91 +59,6 @@ def _drift(ref, test) -> RelativeError:
     for a, b in zip(ref.sequences, test.sequences):
         acc.add(a, b.to(a.device))
     return acc
-
-
-def evaluate_gates(
-    thresholds: GateThresholds,
-    structure: StructureReport,
-    weights: WeightSummary | None,
-    layers: list[LayerValidation],
-    end_to_end: list[EndToEnd],
-    mode_errors: dict[str, str],
-    modes: Sequence[ActivationMode],
-    baseline: EndToEnd | None = None,
-) -> list[GateResult]:
-    gates = [
-        gate_check(
-            f"structure.{c.name}",
-            c.issues + ([f"... {c.issue_count - len(c.issues)} more"] if c.issue_count > len(c.issues) else []),
-        )
-        for c in structure.checks
-    ]
-    if weights is not None:
-        if weights.flagged_count:
-            more = weights.flagged_count - len(weights.flagged)
-            worst = f"{weights.flagged_count} matrices above: " + ", ".join(weights.flagged[:10])
-            worst += f" ... {more} more" if more > 0 else ""
-        else:
-            worst = f"worst: {weights.worst[0].module}" if weights.worst else ""
-        gates += [
-            gate_check("weights.readable", weights.unreadable),
-            gate_max("weights.rel_mse_max", weights.rel_mse_max, thresholds.weight_rel_mse_max, worst),
-            gate_max("weights.rel_mse_mean", weights.rel_mse_mean, thresholds.weight_rel_mse_mean_max),
-            gate_min("weights.exact_fraction", weights.exact_fraction, thresholds.weight_exact_fraction_min),
-        ]
-    e2e = {e.mode: e for e in end_to_end}
-    for mode in modes:
-        m, t = mode.value, thresholds.for_mode(mode)
-        if m in mode_errors:
-            gates.append(gate_check(f"{m}.ran", [mode_errors[m]]))
-            continue
-        drifts = [(l.drift[m], l.layer) for l in layers if m in l.drift]
-        if drifts:
-            d, at = max(drifts)
-            gates.append(gate_max(f"{m}.drift_max", d, t.drift_max, f"layer {at}"))
-        experts = [(l.expert_rel_mse_max[m], l.layer, l.worst_expert[m]) for l in layers if m in l.expert_rel_mse_max]
-        if experts:
-            v, layer, e = max(experts)
-            gates.append(
-                gate_max(f"{m}.expert_output_rel_mse_max", v, t.expert_output_rel_mse_max, f"layer {layer} expert {e}")
-            )
-        if m in e2e:
-            r = e2e[m]
-            gates += [
-                gate_max(f"{m}.kl_mean", r.kl_mean, t.kl_mean_max),
-                gate_max(f"{m}.kl_p99", r.kl_p99, t.kl_p99_max),
-                gate_min(f"{m}.top1", r.top1, t.top1_min),
-                gate_max(
-                    f"{m}.ppl_ratio",
-                    r.ppl_ratio,
-                    t.ppl_ratio_max,
-                    f"ppl INT4 {r.ppl_int4:.4g}, NVFP4 {r.ppl_nvfp4:.4g}",
-                ),
-            ]
-    gates += _baseline_gates(thresholds, layers, e2e, baseline)
-    return gates
-
-
-def _baseline_gates(
-    thresholds: GateThresholds, layers: list[LayerValidation], e2e: dict[str, EndToEnd], baseline: EndToEnd | None
-) -> list[GateResult]:
-    """The checkpoint's W4A16 figures over the amax baseline's (validate/baseline.py)."""
-    mine = e2e.get(BASELINE_MODE.value)
-    if baseline is None or mine is None:
-        return []
-    kl_ratio = mine.kl_mean / baseline.kl_mean if baseline.kl_mean > 0 else (1.0 if mine.kl_mean == 0 else math.inf)
-    gates = [gate_max("baseline.kl_mean_ratio", kl_ratio, thresholds.baseline_kl_ratio_max,
-                      f"KL mean {mine.kl_mean:.4g} vs amax baseline {baseline.kl_mean:.4g} (W4A16)")]
-    ratios = [
-        (l.drift[BASELINE_MODE.value] / l.baseline_drift, l.layer)
-        for l in layers
-        if l.baseline_drift and BASELINE_MODE.value in l.drift
-    ]
-    if ratios:
-        worst, at = max(ratios)
-        gates.append(gate_max("baseline.drift_ratio_max", worst, thresholds.baseline_drift_ratio_max,
-                              f"layer {at}: drift over the amax baseline's (W4A16)"))
-    return gates
 
 
 def writes_into_checkpoint(arguments: dict) -> bool:
