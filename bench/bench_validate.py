@@ -27,7 +27,10 @@ from kimi_nvfp4.checkpoint.reader import CheckpointReader
 from kimi_nvfp4.model.linear import ActivationMode
 from kimi_nvfp4.model.nvfp4_linears import InputScaleReduction
 from kimi_nvfp4.validate import DEFAULT_GATES
+from kimi_nvfp4.model import linear as linear_module
 from kimi_nvfp4.validate.api import compare_streams
+from kimi_nvfp4.validate.experts import DEFAULT_EXPERT_CHECK_TOKENS
+from kimi_nvfp4.validate.baseline import baseline_enabled
 from kimi_nvfp4.validate.structure import check_structure
 
 K26_LAYERS = 61
@@ -61,7 +64,14 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto", help="compute dtype of the streams (auto: bf16 on CUDA)")
     ap.add_argument("--json", type=Path, default=Path("bench_validate.json"))
     ap.add_argument("--label", default=None, help="what this run measures (the row's name in docs/benchmarks.md)")
+    ap.add_argument("--baseline", choices=("auto", "on", "off"), default="auto",
+                    help="the amax baseline stream, as `kimi-nvfp4 validate --baseline` (auto: on from 16384 tokens)")
+    ap.add_argument("--expert-check-tokens", type=int, default=DEFAULT_EXPERT_CHECK_TOKENS,
+                    help="tokens per expert and layer in the per-expert check (0: all), as validate's option")
+    ap.add_argument("--reference-activations", action="store_true",
+                    help="W4A4 activations through the reference torch path instead of the fused Triton kernel")
     args = ap.parse_args()
+    linear_module.USE_FUSED_ACTIVATIONS = not args.reference_activations
 
     dev = resolve_device(args.device)
     args.work_dir.mkdir(parents=True, exist_ok=True)
@@ -87,6 +97,8 @@ def main() -> None:
     modes = [ActivationMode(m) for m in args.modes.split(",")]
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
+    baseline = baseline_enabled(args.baseline, tokens)
+    streams = 1 + len(modes) + int(baseline)
     t = time.perf_counter()
     result = compare_streams(
         src_reader,
@@ -99,6 +111,8 @@ def main() -> None:
         max_chunk_tokens=args.max_chunk_tokens,
         states_device=args.states_device,
         dtype=args.dtype,
+        baseline=baseline,
+        expert_check_tokens=args.expert_check_tokens,
     )
     total = time.perf_counter() - t
     moe = [s for i, s in enumerate(result.layer_seconds) if cfg.is_moe_layer(i)]
@@ -119,6 +133,9 @@ def main() -> None:
         "seq_len": args.seq_len,
         "tokens": tokens,
         "modes": [m.value for m in modes],
+        "baseline_stream": baseline,
+        "expert_check_tokens": args.expert_check_tokens,
+        "fused_activations": not args.reference_activations,
         "max_chunk_tokens": args.max_chunk_tokens,
         "structure_seconds": structure_seconds,
         "structure_passed": structure.passed,
@@ -135,13 +152,13 @@ def main() -> None:
         / 60 * 512 / len(seqs) + structure_seconds * K26_CHECKPOINT_BYTES / checkpoint_bytes / 60,
         "end_to_end": [e.model_dump(exclude={"kl_histogram_edges", "kl_histogram_counts"}) for e in result.end_to_end],
         "peak_gpu_memory_gib": torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None,
-        # model FLOPs of the 1 + len(modes) streams (the per-expert comparison's extra expert work not counted)
+        # model FLOPs of the streams (INT4, one per mode, the baseline if on; the per-expert check not counted)
         "moe_layer_model_tflops_per_s": (
-            tokens * moe_layer_flops_per_token(cfg, args.seq_len) * (1 + len(modes)) / per_moe / 1e12
+            tokens * moe_layer_flops_per_token(cfg, args.seq_len) * streams / per_moe / 1e12
             if per_moe else None
         ),
         "fraction_of_bf16_peak": (
-            tokens * moe_layer_flops_per_token(cfg, args.seq_len) * (1 + len(modes)) / per_moe / 1e12
+            tokens * moe_layer_flops_per_token(cfg, args.seq_len) * streams / per_moe / 1e12
             / H200_BF16_MEASURED_TFLOPS if per_moe and dev.type == "cuda" else None
         ),
         "goal_minutes": 30,

@@ -71,6 +71,16 @@ def calibrate_stage_timings(ctx: BlockContext) -> str:
     return "\n\n".join([provenance(ctx), table(headers, rows), note])
 
 
+def _validate_streams(d: dict) -> str:
+    """The NVFP4 streams a validate run stepped (older result files predate the baseline stream and the
+    per-expert check's token cap: they ran neither, and checked every routed token)."""
+    streams = ", ".join(d.get("modes") or [])
+    if d.get("baseline_stream"):
+        streams += " + amax baseline"
+    cap = d.get("expert_check_tokens")
+    return f"{streams} ({f'{cap} tokens/expert' if cap else 'all tokens'})"
+
+
 @renderer("validate_stage_timings")
 def validate_stage_timings(ctx: BlockContext) -> str:
     """Validate's per-layer, logits and structure-scan times and the projection (bench_validate.py)."""
@@ -81,13 +91,13 @@ def validate_stage_timings(ctx: BlockContext) -> str:
         d = r.data
         per_moe = d["moe_layer_seconds"]
         rows.append([
-            f"`{r.label}`", _samples(d), ", ".join(d.get("modes") or []), num(per_moe), num(d["dense_layer_seconds"]),
+            f"`{r.label}`", _samples(d), _validate_streams(d), num(per_moe), num(d["dense_layer_seconds"]),
             num(d["logits_seconds"]), num(d["structure_seconds"]),
             thousands(d["tokens"] / per_moe if per_moe else None), _model_tflops(d),
             num(d.get("peak_gpu_memory_gib"), 1),
             f"{d['projected_k26_61_layers_512_sessions_minutes']:.1f} (goal {d.get('goal_minutes', num(None))})",
         ])
-    headers = ["run", "sequences x tokens", "modes", "per MoE layer s", "per dense layer s", "logits s",
+    headers = ["run", "sequences x tokens", "streams (expert check)", "per MoE layer s", "per dense layer s", "logits s",
                "structure scan s", "MoE tokens/s", "MoE model TFLOP/s (of bf16 peak)", "peak GPU GiB",
                f"**projected** whole K2.6, {PROJECTED_SEQUENCES} sessions, min"]
     note = projection_note(

@@ -33,7 +33,7 @@ from ..model.runner import CUDA_MAX_CHUNK_TOKENS, DEFAULT_MAX_CHUNK_TOKENS
 from ..model.nvfp4_linears import InputScaleReduction
 from .baseline import BASELINE_NAME, baseline_enabled, baseline_layer
 from .evaluate import evaluate_gates
-from .experts import WORST_EXPERTS, ExpertError, ExpertErrorObserver
+from .experts import DEFAULT_EXPERT_CHECK_TOKENS, WORST_EXPERTS, ExpertError, ExpertErrorObserver
 from .gates import DEFAULT_GATES, GateThresholds
 from .metrics import RelativeError, TokenComparison
 from .options import ValidateOptions
@@ -118,6 +118,7 @@ def compare_streams(
     prefetch: bool | None = None,
     ctx: RankContext | None = None,
     baseline: bool = False,
+    expert_check_tokens: int | None = DEFAULT_EXPERT_CHECK_TOKENS,
 ) -> StreamComparison:
     """Step the INT4 stream and one NVFP4 stream per mode through every layer, then compare logits.
 
@@ -128,6 +129,7 @@ def compare_streams(
     `ctx`: under torchrun, `sequences` is this rank's share; every figure is combined over the ranks
     (validate/ranks.py) and is the same on every rank. `baseline`: one more W4A16 stream whose experts are
     the amax (Model Optimizer rule) conversion of the same INT4 experts (validate/baseline.py).
+    `expert_check_tokens`: tokens compared per expert and layer in the per-expert check (validate/experts.py).
     """
     ctx = ctx or RankContext()
     compute_dtype = resolve_dtype(dtype, device)
@@ -158,7 +160,9 @@ def compare_streams(
         if cfg.is_moe_layer(layer):
             comparer.add_loaded_layer(layer, w_ref, w_nv, ctx)
             if w_nv is not None:
-                observer = ExpertErrorObserver(layer, w_nv, [m for m in states if _usable(w_nv, m)])
+                observer = ExpertErrorObserver(
+                    layer, w_nv, [m for m in states if _usable(w_nv, m)], max_tokens=expert_check_tokens
+                )
         w_base = baseline_layer(w_ref, w_nv) if base_states is not None and w_nv is not None else None
         attended = ref_runner.attend(layer, ref_states, w_ref, observer)
         del ref_states
@@ -296,6 +300,7 @@ def validate_checkpoint(
         dtype=compute_dtype,
         ctx=ctx,
         baseline=baseline_enabled(opts.baseline, sample_set.tokens),
+        expert_check_tokens=opts.expert_check_tokens,
     )
     structure = ctx.broadcast_object(structure)
     gate_results = evaluate_gates(

@@ -6,6 +6,13 @@ the expert input `x` (only its routed tokens); at the matching `down_proj` call 
 expert output and runs the NVFP4 expert (`down(silu(gate(x)) * up(x))`, activations fake-quantized
 for W4A4, untouched for W4A16) on the same `x`. Holds one NVFP4 layer (compressed) besides the
 INT4 layer the runner holds.
+
+`max_tokens` caps the tokens compared per expert and layer (validate's `--expert-check-tokens`): the first
+ones the router sends it, in stream order. The check re-runs every expert once per mode on top of the streams,
+so at K2.6 scale (512 x 2048 tokens: ~22k tokens per expert per layer on average) comparing all of them costs two
+more full MoE passes per layer; a relative MSE over 4,096 tokens x 7,168 outputs is already a 29M-element
+estimate. Under data parallelism each rank compares its own first tokens (the cap applies per rank), so the
+figures depend on the number of ranks within that sampling.
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ from ..model.linear import ActivationMode, Linear
 from .metrics import RelativeError
 
 WORST_EXPERTS = 10
+# Tokens compared per expert and layer by default (see the module docstring); 0 or None compares all.
+DEFAULT_EXPERT_CHECK_TOKENS = 4096
 
 
 class ExpertError(BaseModel):
@@ -52,12 +61,15 @@ class ExpertErrorObserver:
 
     route_all = False
 
-    def __init__(self, layer: int, nvfp4_layer: LayerWeights, modes: list[ActivationMode]):
+    def __init__(
+        self, layer: int, nvfp4_layer: LayerWeights, modes: list[ActivationMode], max_tokens: int | None = None
+    ):
         if not isinstance(nvfp4_layer.mlp, MoEWeights):
             raise ValueError(f"layer {layer} is not a MoE layer")
         self.layer = layer
         self.experts = nvfp4_layer.mlp.experts
         self.modes = modes
+        self.max_tokens = max_tokens or None
         self.errors: dict[tuple[ActivationMode, int], RelativeError] = {}
         self.tokens: dict[int, int] = {}
         self._pending: dict[int, torch.Tensor] = {}
@@ -69,11 +81,16 @@ class ExpertErrorObserver:
         if expert is None or not routed or layer != self.layer:
             return
         if module.endswith(".gate_proj"):
+            if self.max_tokens is not None:
+                x = x[: max(0, self.max_tokens - self.tokens.get(expert, 0))]
             self._pending[expert] = x
         elif module.endswith(".down_proj"):
             x_in = self._pending.pop(expert, None)
             if x_in is None:
                 raise RuntimeError(f"layer {layer} expert {expert}: down_proj ran before gate_proj was observed")
+            if x_in.shape[0] == 0:
+                return
+            y = y[: x_in.shape[0]]
             self.tokens[expert] = self.tokens.get(expert, 0) + x_in.shape[0]
             for mode in self.modes:
                 test = nvfp4_expert_output(self.experts[expert], x_in, mode)

@@ -13,6 +13,7 @@ from ..calibrate.options import CalibrateOptions
 from ..model.linear import ActivationMode
 from ..model.nvfp4_linears import InputScaleReduction
 from ..stage_options import Cli, StageOptions, device_name
+from .experts import DEFAULT_EXPERT_CHECK_TOKENS
 from .gates import GateThresholds, load_gates
 
 DEFAULT_VALIDATE_SAMPLES = 512
@@ -53,12 +54,19 @@ class ValidateOptions(StageOptions):
                             "stream and fail when the checkpoint is worse than it by more than the baseline_* gates "
                             "allow (one more stream: ~+30% time). auto: on when the held-out set has at least "
                             "16384 tokens (a ratio of two KLs over fewer tokens is noise).")
+    expert_check_tokens: int = Field(
+        DEFAULT_EXPERT_CHECK_TOKENS, ge=0,
+        description="Tokens compared per routed expert and layer in the per-expert output check (the first the "
+                    "router sends it; per rank under torchrun). 0: every routed token (two more MoE passes per "
+                    "layer at K2.6 scale).")
     max_chunk_tokens: int | None = Field(None, ge=1, description="Tokens per MLP/MoE chunk.")
     states_device: str | None = Field(
         None, description="Keep hidden states here (e.g. cpu) when they do not fit the GPU.")
 
     # What decides the verdict (with the data spec and the thresholds), as validate records it.
-    RECORDED: ClassVar[tuple[str, ...]] = ("samples", "seq_len", "seed", "modes", "input_scale_reduction")
+    RECORDED: ClassVar[tuple[str, ...]] = (
+        "samples", "seq_len", "seed", "modes", "input_scale_reduction", "expert_check_tokens",
+    )
 
     @field_validator("device", "states_device", mode="before")
     @classmethod

@@ -1,0 +1,68 @@
+"""The per-expert output check's token cap (validate/experts.py) and the weight check's one read-back per layer
+(validate/weights.py)."""
+
+from __future__ import annotations
+
+import torch
+
+from kimi_nvfp4.checkpoint.reader import CheckpointReader
+
+from kimi_nvfp4.model.linear import ActivationMode
+from kimi_nvfp4.model.nvfp4_linears import InputScaleReduction
+from kimi_nvfp4.numerics.methods import Int4Matrix, error_stats
+from kimi_nvfp4.numerics.nvfp4 import NVFP4Tensor
+from kimi_nvfp4.validate.api import compare_streams
+from kimi_nvfp4.validate.weights import compare_expert, resolve_comparisons
+from kimi_nvfp4.stage_kit.samples import DataPart, load_sample_set
+
+
+def _streams(src, out, cap):
+    reader = CheckpointReader(out)
+    sequences = load_sample_set(out, "sample", part=DataPart.HELDOUT, samples=3, seq_len=48, seed=0).sequences
+    return compare_streams(
+        CheckpointReader(src), reader, sequences, modes=[ActivationMode.W4A16], reduction=InputScaleReduction.LAYER_MAX,
+        device=torch.device("cpu"), flag_rel_mse=1.0, progress=False, expert_check_tokens=cap,
+    )
+
+
+def test_the_cap_limits_compared_tokens_and_changes_nothing_else(calibrated_pair):
+    src, out = calibrated_pair
+    full = _streams(src, out, 0)
+    capped = _streams(src, out, 2)
+    routed = {(e.layer, e.expert): e.tokens for e in full.expert_errors}
+    assert max(routed.values()) > 2  # the cap bites
+    assert {(e.layer, e.expert) for e in capped.expert_errors} == set(routed)
+    for e in capped.expert_errors:
+        assert e.tokens == min(2, routed[(e.layer, e.expert)])
+    # an expert that got no more tokens than the cap is compared on the same tokens: the same figure
+    for e in capped.expert_errors:
+        if routed[(e.layer, e.expert)] <= 2:
+            twin = next(f for f in full.expert_errors if (f.layer, f.expert, f.mode) == (e.layer, e.expert, e.mode))
+            assert e.rel_mse == twin.rel_mse
+    # the streams themselves are untouched by the cap
+    assert [x.model_dump() for x in capped.end_to_end] == [x.model_dump() for x in full.end_to_end]
+    assert capped.weights == full.weights
+
+
+def test_one_read_back_per_layer_gives_the_per_matrix_figures(calibrated_pair):
+    src, out = calibrated_pair
+    source, output = CheckpointReader(src), CheckpointReader(out)
+    cfg = source.layout.text
+    layer = next(i for i in range(cfg.num_hidden_layers) if cfg.is_moe_layer(i))
+    found = {e: compare_expert(source, output, layer, e, torch.device("cpu")) for e in range(cfg.n_routed_experts)}
+    resolved = resolve_comparisons(found)
+    for e, pairs in resolved.items():
+        for comp, stats in pairs:
+            module = comp.module
+            m = Int4Matrix.from_packed(source.load(f"{module}.weight_packed"), source.load(f"{module}.weight_scale"),
+                                       int(source.load(f"{module}.weight_shape")[1]))
+            pending = next(p for p in found[e] if p.module == module)
+            assert pending.numel == m.codes.numel() and comp.expert == e and comp.rel_mse == stats.rel_mse
+            if comp.proj != "up_proj":  # up is served with gate's weight_scale_2 (weights.py)
+                q = NVFP4Tensor(output.load(f"{module}.weight"), output.load(f"{module}.weight_scale"),
+                                output.load(f"{module}.weight_scale_2").to(torch.float32).reshape(()))
+                assert stats == error_stats(m, q)
+    # an unreadable expert stays a message, the others resolve
+    found[0] = "cannot read"
+    assert resolve_comparisons(found)[0] == "cannot read"
+    assert resolve_comparisons({}) == {}
