@@ -141,6 +141,7 @@ def main() -> None:
         "structure_passed": structure.passed,
         "checkpoint_bytes": checkpoint_bytes,
         "layer_seconds": result.layer_seconds,
+        "phase_seconds": result.phase_seconds,
         "dense_layer_seconds": per_dense,
         "moe_layer_seconds": per_moe,
         "logits_seconds": result.logits_seconds,

@@ -79,8 +79,11 @@ def _fake_quantize_kernel(x_ptr, out_ptr, input_scale_ptr, num_blocks, BLOCKS: t
     a = tl.abs(v)
     index = ((a > _B0).to(tl.int32) + (a > _B1).to(tl.int32) + (a > _B2).to(tl.int32) + (a > _B3).to(tl.int32)
              + (a > _B4).to(tl.int32) + (a > _B5).to(tl.int32) + (a > _B6).to(tl.int32))
-    magnitude = _e2m1_value(index)
-    out = tl.where(v < 0.0, -magnitude, magnitude) * (sf * input_scale)[:, None]
+    # |code value| * (e4m3 * input_scale), then the code's sign as a bit: a compiled `-x` is `0 - x`, which
+    # turns the reference's -0.0 (a negative value rounded to zero keeps its sign bit) into +0.0.
+    magnitude = _e2m1_value(index) * (sf * input_scale)[:, None]
+    sign = (v < 0.0).to(tl.int32) << 31
+    out = (magnitude.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
     has_nan = tl.max((x != x).to(tl.int32), axis=1) > 0
     out = tl.where(has_nan[:, None], float("nan"), out)
     if BF16:

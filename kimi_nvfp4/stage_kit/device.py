@@ -31,9 +31,10 @@ def resolve_device(device: str | torch.device) -> torch.device:
 
 
 def synchronize(device: torch.device) -> None:
-    """Wait for queued kernels (for honest timings)."""
+    """Wait for the kernels queued on the current stream (for honest timings). Not the whole device: the
+    next layer's uploads on the runner's load stream keep running (runner.py)."""
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        torch.cuda.current_stream(device).synchronize()
 
 
 # Compute dtypes of the layer-streamed model, by the names the CLI and the manifest use.

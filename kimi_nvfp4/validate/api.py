@@ -95,11 +95,26 @@ class StreamComparison:
     weights: WeightSummary | None
     mode_errors: dict[str, str]
     layer_seconds: list[float] = field(default_factory=list)
+    # per layer, seconds by phase (load wait, weight check, each stream...): where a layer's time goes
+    phase_seconds: list[dict[str, float]] = field(default_factory=list)
     logits_seconds: float = 0.0
     baseline: EndToEnd | None = None
 
     def set_baseline(self, e2e: EndToEnd) -> None:
         self.baseline = e2e
+
+
+class _PhaseClock:
+    """Wall seconds per named phase of one layer, each ended by a wait for the compute stream."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.seconds, self._start = device, {}, time.perf_counter()
+
+    def mark(self, phase: str) -> None:
+        synchronize(self.device)
+        now = time.perf_counter()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self._start
+        self._start = now
 
 
 def compare_streams(
@@ -154,20 +169,26 @@ def compare_streams(
     for layer in layer_progress(range(cfg.num_hidden_layers), tokens_per_layer=tokens, desc="validate: layers",
                                 enabled=progress):
         t0 = time.perf_counter()
+        clock = _PhaseClock(device)
         w_ref = ref_runner.load_layer(layer)
         w_nv = _load_nvfp4_layer(nv_runner, fallback_source, layer, device, compute_dtype, states, result)
+        clock.mark("load")
         observer = None
         if cfg.is_moe_layer(layer):
             comparer.add_loaded_layer(layer, w_ref, w_nv, ctx)
+            clock.mark("weight_check")
             if w_nv is not None:
                 observer = ExpertErrorObserver(
                     layer, w_nv, [m for m in states if _usable(w_nv, m)], max_tokens=expert_check_tokens
                 )
         w_base = baseline_layer(w_ref, w_nv) if base_states is not None and w_nv is not None else None
+        clock.mark("baseline_weights")
         attended = ref_runner.attend(layer, ref_states, w_ref, observer)
         del ref_states
+        clock.mark("int4_attention")
         new_ref = ref_runner.feed_forward(attended, w_ref, observer)
         del w_ref, attended
+        clock.mark("int4_mlp_and_expert_check")
         entry = LayerValidation(layer=layer, drift={})
         drift: dict[ActivationMode, RelativeError] = {}
         if observer is not None:
@@ -186,19 +207,25 @@ def compare_streams(
             if w_nv is None:
                 break
             nv_source.set_activations(w_nv, mode.value)
-            states[mode] = nv_runner.feed_forward(nv_runner.attend(layer, states[mode], w_nv), w_nv)
+            attended = nv_runner.attend(layer, states[mode], w_nv)
+            clock.mark(f"{mode.value}_attention")
+            states[mode] = nv_runner.feed_forward(attended, w_nv)
+            del attended
             drift[mode] = _drift(new_ref, states[mode])
+            clock.mark(f"{mode.value}_mlp")
         for mode, err in merge_relative_errors(ctx, drift).items():
             entry.drift[mode.value] = err.rel_mse
         if w_base is not None:
             base_states = nv_runner.feed_forward(nv_runner.attend(layer, base_states, w_base), w_base)
             merged = merge_relative_errors(ctx, {BASELINE_NAME: _drift(new_ref, base_states)})
             entry.baseline_drift = merged[BASELINE_NAME].rel_mse
+            clock.mark("baseline_stream")
         del w_nv, w_base
         ref_states = new_ref
         result.layers.append(entry)
         synchronize(device)
         result.layer_seconds.append(time.perf_counter() - t0)
+        result.phase_seconds.append(clock.seconds)
 
     runners = {mode: nv_runner for mode in states}
     t0 = time.perf_counter()
