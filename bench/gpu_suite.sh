@@ -81,6 +81,17 @@ case $part in
       --layers 2 --experts 384 --vocab-size 16384 --samples ${SAMPLES:-256} --seq-len 2048 --synth-device cuda \
       ${LABEL:+--label "$LABEL"}
     ;;
+  model13s6)
+    # Both parts in one call (after the fused prefill attention and the expert check changes).
+    step gpu_tests 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/numerics tests/convert tests/synth tests/model \
+      tests/calibrate tests/validate
+    step calibrate 200 python3 bench/bench_calibrate.py --device cuda --work-dir /tmp/kimi_bench --json "$out/calibrate_256x2048.json" \
+      --layers 2 --experts 384 --vocab-size 16384 --samples ${SAMPLES:-256} --seq-len 2048 --synth-device cuda \
+      ${LABEL:+--label "calibrate_$LABEL"}
+    step validate 240 python3 bench/bench_validate.py --device cuda --work-dir /tmp/kimi_bench --json "$out/validate_256x2048.json" \
+      --layers 2 --experts 384 --vocab-size 16384 --samples ${SAMPLES:-256} --seq-len 2048 --synth-device cuda \
+      ${LABEL:+--label "validate_$LABEL"}
+    ;;
   model13s6b)
     # Part 2: validate as `kimi-nvfp4 validate` runs by default (amax baseline stream on, expert check capped).
     step validate 540 python3 bench/bench_validate.py --device cuda --work-dir /tmp/kimi_bench --json "$out/validate_256x2048.json" \

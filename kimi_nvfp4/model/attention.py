@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from ..checkpoint.k2_config import K2Config
 from .layer_weights import AttentionWeights
@@ -19,6 +20,12 @@ from .rope import RotaryEmbedding, apply_rope_interleaved
 
 # Largest attention score block materialised at once (heads x queries x keys, fp32): 1 GiB.
 ATTENTION_SCORE_BUDGET = 2**28
+# Prefill of a whole sequence in bf16/fp16 on CUDA runs as one fused causal attention
+# (`F.scaled_dot_product_attention`, a flash kernel): scores stay in fp32 registers through the online
+# softmax and P is rounded to bf16 for P.V -- the arithmetic of the serving prefill kernels -- instead of
+# ~8 GB of fp32 score traffic per 2048-token sequence. Equal to the blocked path up to fp32 summation
+# order and the online softmax's rescaling (tests/model/test_attention_scores.py). False: the blocked path.
+USE_FUSED_PREFILL = True
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -64,6 +71,19 @@ def _fp32_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     if k.dim() == 3 and _half_precision_on_cuda(q) and k.shape[0] == q.shape[1]:
         return torch.bmm(q.transpose(0, 1), k, out_dtype=torch.float32)
     return torch.einsum("thd,shd->hts", q.to(torch.float32), k)
+
+
+def _fused_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal attention of a whole sequence from position 0: q, k `[T, heads, d_qk]`, v `[T, heads, d_v]` ->
+    `[T, heads, d_v]`. v is zero-padded to d_qk (K2: 128 -> 192) so the flash kernel, which takes one head
+    size, serves it; the padding's outputs are zeros and are dropped."""
+    d_qk, d_v = q.shape[-1], v.shape[-1]
+    if d_v < d_qk:
+        v = F.pad(v, (0, d_qk - d_v))
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], is_causal=True, scale=scale
+    )[0]
+    return out[..., :d_v].transpose(0, 1)
 
 
 def mla_attention(
@@ -120,6 +140,12 @@ def mla_attention(
     kv = kv.view(S, n_heads, nope + v_dim)
     k = torch.cat([kv[..., :nope], cache.k_pe[:, None, :].expand(S, n_heads, rope_dim)], dim=-1)
     v = kv[..., nope:]
+
+    if past is None and T and USE_FUSED_PREFILL and _half_precision_on_cuda(q):
+        attn = _fused_causal_attention(q, k, v, rope.softmax_scale).reshape(T, n_heads * v_dim)
+        o = w.o_proj(attn)
+        notify_linear(observer, layer, w.o_proj.module, attn, o)
+        return o, cache
 
     out = torch.empty(T, n_heads, v_dim, dtype=x.dtype, device=x.device)
     rows = max(1, ATTENTION_SCORE_BUDGET // max(1, n_heads * S))
