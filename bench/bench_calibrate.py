@@ -259,6 +259,7 @@ def main() -> None:
         "prefetch": args.prefetch,
         "states_device": args.states_device,
         "layer_seconds": run.layer_seconds,
+        "phase_seconds": run.phase_seconds,
         "dense_layer_seconds": per_dense,
         "moe_layer_seconds": per_moe,
         "moe_layer_tokens_per_second": tokens / per_moe if per_moe else None,

@@ -31,7 +31,7 @@ from ..stage_kit.progress import job_tokens, layer_progress
 from ..model import LayerStreamRunner, NVFP4Weights
 from ..model.linear import NVFP4Linear
 from ..model.runner import CUDA_MAX_CHUNK_TOKENS, DEFAULT_MAX_CHUNK_TOKENS
-from ..stage_kit.device import AUTO_DTYPE, dtype_name, resolve_device, resolve_dtype, synchronize
+from ..stage_kit.device import AUTO_DTYPE, PhaseClock, dtype_name, resolve_device, resolve_dtype, synchronize
 from .options import DEFAULT_SAMPLES, DEFAULT_SEQ_LEN, CalibrateOptions
 from ..stage_kit.pairing import require_converted, require_matching_source
 from .policy import (
@@ -164,6 +164,8 @@ class CalibrationRun:
     layers: list[LayerCalibration]
     layer_seconds: list[float]
     dtype: str = "float32"
+    # per layer, seconds by phase (load wait, attention, observe pass, scales, advance pass)
+    phase_seconds: list[dict[str, float]] = field(default_factory=list)
     max_chunk_tokens: int | None = None
     materialized_layers: list[int] = field(default_factory=list)
     kv_ranges: KVCacheRanges | None = None  # what the MLA cache held per layer (when asked for)
@@ -230,13 +232,16 @@ def run_calibration(
     tokens = job_tokens(ctx, sum(int(s.numel()) for s in sequences))
     for layer in layer_progress(todo, tokens_per_layer=tokens, desc="calibrate: layers", enabled=progress):
         t0 = time.perf_counter()
+        clock = PhaseClock(device)
         collector.start_layer(layer)
         if expert_stats is not None:
             expert_stats.start_layer(layer)
         modules = quantized_modules(reader, layer)
         collector.route_all = bool(modules) and policy is ExpertPolicy.ROUTE_ALL and cfg.is_moe_layer(layer)
         w = runner.load_layer(layer)
+        clock.mark("load")
         attended = runner.attend(layer, states, w, observer=with_kv_cache(collector, run.kv_ranges))
+        clock.mark("attention")
         if not modules:  # no NVFP4 linear: W4A16 and W4A4 agree, one pass is both
             states = runner.feed_forward(attended, w, observer=observer)
         else:
@@ -244,6 +249,7 @@ def run_calibration(
             if not recompute_attention:
                 states = attended  # drop the layer input now: the W4A4 pass starts from `attended` too
             runner.feed_forward(attended, w, observer=observer, output=False)  # observe: statistics only
+        clock.mark("observe")
         collector.combine_ranks(ctx)
         if expert_stats is not None:
             expert_stats.finish_layer(layer, reader, ctx)
@@ -253,17 +259,20 @@ def run_calibration(
         run.layers.append(entry)
         if stats_dir is not None and ctx.is_main:
             _save_activation_stats(stats_dir, reader, layer, collector)
+        clock.mark("scales")
         if modules:
             run.scales.update(layer_scales)
             source.set_activations(w, "w4a4", input_scales=layer_scales)  # advance: same weights, W4A4
             if recompute_attention:
                 attended = runner.attend(layer, states, w)
             states = runner.feed_forward(attended, w)
+            clock.mark("advance")
         if any(isinstance(lin, NVFP4Linear) and lin.materialized for lin in w.linears()):
             run.materialized_layers.append(layer)
         del w, attended
         synchronize(device)
         run.layer_seconds.append(time.perf_counter() - t0)
+        run.phase_seconds.append(clock.seconds)
     if run.kv_ranges is not None:
         run.kv_ranges.combine_ranks(ctx)
     return run

@@ -91,6 +91,10 @@ class Linear(ABC):
     def materialized(self) -> bool:
         return self._cached is not None
 
+    def drop_materialized(self) -> None:
+        """Forget the dequantized copy (the stored form stays; the next use dequantizes again)."""
+        self._cached = None
+
     def dequantized_bytes(self) -> int:
         """Memory `materialize()` adds: the weight in the compute dtype (0 when already dense/cached)."""
         if self._cached is not None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from ..errors import DeviceError
@@ -35,6 +37,20 @@ def synchronize(device: torch.device) -> None:
     next layer's uploads on the runner's load stream keep running (runner.py)."""
     if device.type == "cuda":
         torch.cuda.current_stream(device).synchronize()
+
+
+class PhaseClock:
+    """Wall seconds per named phase of one layer (`mark(name)` ends the phase begun at the previous mark),
+    each ended by a wait for the compute stream: where a model stage's layer time goes."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.seconds, self._start = device, {}, time.perf_counter()
+
+    def mark(self, phase: str) -> None:
+        synchronize(self.device)
+        now = time.perf_counter()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self._start
+        self._start = now
 
 
 # Compute dtypes of the layer-streamed model, by the names the CLI and the manifest use.

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ..stage_kit.device import AUTO_DTYPE, dtype_name, resolve_device, resolve_dtype, synchronize
+from ..stage_kit.device import AUTO_DTYPE, PhaseClock, dtype_name, resolve_device, resolve_dtype, synchronize
 from ..stage_kit.pairing import require_converted, require_matching_source
 from ..stage_kit.progress import job_tokens, layer_progress
 from ..stage_kit.samples import DataPart, load_sample_set
@@ -27,7 +27,7 @@ from ..checkpoint.verdict import VERDICT_KEY, seal_verdict
 from ..distributed import RankContext, rank_context
 from ..errors import CheckpointError
 from ..model import Int4SourceWeights, LayerStreamRunner, NVFP4Weights
-from ..model.layer_weights import LayerWeights
+from ..model.layer_weights import LayerWeights, MoEWeights
 from ..model.linear import ActivationMode, NVFP4Linear
 from ..model.runner import CUDA_MAX_CHUNK_TOKENS, DEFAULT_MAX_CHUNK_TOKENS
 from ..model.nvfp4_linears import InputScaleReduction
@@ -104,19 +104,6 @@ class StreamComparison:
         self.baseline = e2e
 
 
-class _PhaseClock:
-    """Wall seconds per named phase of one layer, each ended by a wait for the compute stream."""
-
-    def __init__(self, device: torch.device):
-        self.device, self.seconds, self._start = device, {}, time.perf_counter()
-
-    def mark(self, phase: str) -> None:
-        synchronize(self.device)
-        now = time.perf_counter()
-        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self._start
-        self._start = now
-
-
 def compare_streams(
     src_reader: CheckpointReader,
     out_reader: CheckpointReader,
@@ -169,7 +156,7 @@ def compare_streams(
     for layer in layer_progress(range(cfg.num_hidden_layers), tokens_per_layer=tokens, desc="validate: layers",
                                 enabled=progress):
         t0 = time.perf_counter()
-        clock = _PhaseClock(device)
+        clock = PhaseClock(device)
         w_ref = ref_runner.load_layer(layer)
         w_nv = _load_nvfp4_layer(nv_runner, fallback_source, layer, device, compute_dtype, states, result)
         clock.mark("load")
@@ -216,6 +203,11 @@ def compare_streams(
         for mode, err in merge_relative_errors(ctx, drift).items():
             entry.drift[mode.value] = err.rel_mse
         if w_base is not None:
+            if isinstance(w_nv.mlp, MoEWeights):
+                # the checkpoint's dequantized experts are done with: their room lets the baseline's materialize
+                for expert in w_nv.mlp.experts:  # routed only: the baseline shares the rest
+                    for lin in expert.linears():
+                        lin.drop_materialized()
             base_states = nv_runner.feed_forward(nv_runner.attend(layer, base_states, w_base), w_base)
             merged = merge_relative_errors(ctx, {BASELINE_NAME: _drift(new_ref, base_states)})
             entry.baseline_drift = merged[BASELINE_NAME].rel_mse
