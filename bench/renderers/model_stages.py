@@ -149,3 +149,21 @@ def profile_top_device_ops(ctx: BlockContext) -> str:
                 ])
     headers = ["stage", "sequences x tokens", "op (torch.profiler, by self device time)", "calls", "device s"]
     return "\n\n".join([provenance(ctx), table(headers, rows)])
+
+
+@renderer("stage_phase_seconds")
+def stage_phase_seconds(ctx: BlockContext) -> str:
+    """Where the last (MoE) layer's time goes, phase by phase (`phase_seconds` of bench_calibrate.py / bench_validate.py:
+    each phase ends with a wait for the compute stream)."""
+    rows = []
+    for r in ctx.results:
+        r.require("phase_seconds", "layer_seconds")
+        d = r.data
+        if len(d["phase_seconds"]) < 2:
+            raise BenchmarkRenderError(f"{r.path}: needs the phases of a dense and a MoE layer")
+        i = len(d["phase_seconds"]) - 1  # the bench checkpoints' layers: 0 dense, then MoE
+        phases = d["phase_seconds"][i]
+        rows.append([f"`{r.label}`", str(i), num(d["layer_seconds"][i]),
+                     ", ".join(f"{name} {value:.2f}" for name, value in phases.items())])
+    headers = ["run", "layer", "layer s", "phases, s (in order)"]
+    return "\n\n".join([provenance(ctx), table(headers, rows)])
