@@ -12,6 +12,7 @@ from pydantic import Field, field_validator
 from ..calibrate.options import CalibrateOptions
 from ..model.linear import ActivationMode
 from ..model.nvfp4_linears import InputScaleReduction
+from ..stage_kit.resume import DEFAULT_RESUME_EVERY
 from ..stage_options import Cli, StageOptions, device_name
 from .gates import GateThresholds, load_gates
 
@@ -53,6 +54,11 @@ class ValidateOptions(StageOptions):
                             "stream and fail when the checkpoint is worse than it by more than the baseline_* gates "
                             "allow (one more stream: ~+30% time). auto: on when the held-out set has at least "
                             "16384 tokens (a ratio of two KLs over fewer tokens is noise).")
+    resume_every: int = Field(
+        DEFAULT_RESUME_EVERY, ge=0,
+        description="Snapshot the run every N layers under REPORT_DIR/.kimi_nvfp4_resume, so that a killed run "
+                    "continues from the last snapshot (a matching one is always used); 0: none. Each costs 15 GB per "
+                    "hidden-state stream at K2.6 scale (512 x 2048 tokens).")
     max_chunk_tokens: int | None = Field(None, ge=1, description="Tokens per MLP/MoE chunk.")
     states_device: str | None = Field(
         None, description="Keep hidden states here (e.g. cpu) when they do not fit the GPU.")
