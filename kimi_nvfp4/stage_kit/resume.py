@@ -88,15 +88,17 @@ def _layer_dir_name(layer: int) -> str:
     return f"layer_{layer:03d}"
 
 
-def fingerprint_differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """Which top-level keys of two fingerprints differ (their values where short), for the log."""
-    out = []
-    for key in sorted(set(recorded) | set(current)):
-        a, b = recorded.get(key), current.get(key)
-        if a != b:
-            shown = f"{a!r} -> {b!r}" if len(repr(a)) + len(repr(b)) < 120 else "changed"
-            out.append(f"{key}: {shown}")
-    return out
+def fingerprint_differences(recorded: Any, current: Any, path: str = "") -> list[str]:
+    """Where two fingerprints differ, as dotted keys with both values where short (for the log)."""
+    if isinstance(recorded, dict) and isinstance(current, dict):
+        out = []
+        for key in sorted(set(recorded) | set(current)):
+            out += fingerprint_differences(recorded.get(key), current.get(key), f"{path}.{key}" if path else key)
+        return out
+    if recorded == current:
+        return []
+    shown = f"{recorded!r} -> {current!r}" if len(repr(recorded)) + len(repr(current)) < 120 else "changed"
+    return [f"{path}: {shown}"]
 
 
 @dataclass
