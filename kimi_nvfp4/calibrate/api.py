@@ -237,7 +237,8 @@ def run_calibration(
     else:
         states, done = runner.embed(sequences), 0
     tokens = job_tokens(ctx, sum(int(s.numel()) for s in sequences))
-    for layer in layer_progress(order[done:], tokens_per_layer=tokens, desc="calibrate: layers", enabled=progress):
+    for layer in layer_progress(order[done:], tokens_per_layer=tokens, desc="calibrate: layers", enabled=progress,
+                                done=done):
         t0 = time.perf_counter()
         collector.start_layer(layer)
         if expert_stats is not None:
@@ -322,15 +323,8 @@ def calibrate_checkpoint(
     dev = ctx.device(dev)
     compute_dtype = resolve_dtype(dtype, dev)  # a bad name fails before the data is loaded
     kv_fp8 = declared_kv_cache_algo(output) == FP8_KV_CACHE_ALGO  # `convert --kv-cache none`: no KV scales
-    sample_set = load_sample_set(
-        output,
-        data,
-        part=DataPart.CALIBRATION,
-        samples=samples,
-        seq_len=seq_len,
-        seed=seed,
-        generated_sessions=generated_sessions,
-    )
+    sample_set = load_sample_set(output, data, part=DataPart.CALIBRATION, samples=samples, seq_len=seq_len,
+                                 seed=seed, generated_sessions=generated_sessions)
     calib_dir = Path(report_dir) if report_dir is not None else output / CALIBRATION_DIR
     # always inside the output (requantize reads them there), wherever the report goes
     expert_hook = None if opts.expert_stats is ExpertStatsMode.NONE else ExpertStatsHook(
@@ -343,21 +337,10 @@ def calibrate_checkpoint(
         out_reader, ctx, data, mine, opts, device=dev, dtype=compute_dtype, max_chunk_tokens=max_chunk_tokens,
         stats_dir=stats_dir, kv_cache=kv_fp8), every=opts.resume_every)
     run = run_calibration(
-        out_reader,
-        mine,
-        policy=policy,
-        min_expert_tokens=min_expert_tokens,
-        device=dev,
-        max_chunk_tokens=max_chunk_tokens,
-        states_device=states_device,
-        stats_dir=stats_dir,
-        progress=progress and ctx.is_main,
-        dtype=dtype,
-        ctx=ctx,
-        kv_cache=kv_fp8,
-        expert_stats=expert_hook,
-        resume=resume,
-        snapshot=resume.load(),
+        out_reader, mine, policy=policy, min_expert_tokens=min_expert_tokens, device=dev,
+        max_chunk_tokens=max_chunk_tokens, states_device=states_device, stats_dir=stats_dir,
+        progress=progress and ctx.is_main, dtype=dtype, ctx=ctx, kv_cache=kv_fp8, expert_stats=expert_hook,
+        resume=resume, snapshot=resume.load(),
     )
     if not ctx.is_main:  # rank 0 writes; the others return what it wrote
         ctx.barrier()

@@ -173,11 +173,14 @@ class ResumeStore:
     ) -> bool:
         """Snapshot this rank after `layer` (collective: every rank calls it after the same layer).
 
-        :param state: the stage's small state (a pydantic model, stored as JSON).
+        :param state: the stage's small state: a pydantic model stored as JSON, with `ser_json_inf_nan="constants"`
+            (an infinite or NaN figure must come back as itself, not as null).
         :param streams: hidden-state streams, each a list of per-sequence tensors (written one by one).
         :param tensors: named groups of further tensors (e.g. calibrate's input scales).
         :returns: whether every rank's snapshot was written and recorded.
         """
+        if state.model_config.get("ser_json_inf_nan") != "constants":
+            raise ValueError(f"{type(state).__name__} must set ser_json_inf_nan='constants' to be snapshotted")
         final = self.rank_dir / _layer_dir_name(layer)
         ok = True
         try:

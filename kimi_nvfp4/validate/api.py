@@ -159,7 +159,7 @@ def compare_streams(
     tokens = job_tokens(ctx, sum(int(s.numel()) for s in sequences))
     n_layers = cfg.num_hidden_layers
     for layer in layer_progress(range(start, n_layers), tokens_per_layer=tokens, desc="validate: layers",
-                                enabled=progress):
+                                enabled=progress, done=start):
         t0 = time.perf_counter()
         w_ref = ref_runner.load_layer(layer)
         w_nv = _load_nvfp4_layer(nv_runner, fallback_source, layer, device, compute_dtype, states, result)
