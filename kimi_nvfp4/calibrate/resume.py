@@ -22,7 +22,6 @@ from ..stage_kit.resume import ResumeStore, Snapshot
 from ..stage_kit.resume_fingerprint import checkpoint_identity, compute_identity, run_identity
 from .expert_stats_file import LayerStatsCounts
 from .expert_stats_hook import ExpertStatsHook
-from .kv_cache import KVCacheRanges
 from .options import CalibrateOptions
 from .report import LayerCalibration
 from .shard import CALIBRATE_STAGE
