@@ -184,16 +184,21 @@ class ResumeStore:
             ok = False
             log.warning("%s: cannot write the resume snapshot after layer %d (%s); continuing without snapshots",
                         self.stage, layer, e)
-        outcomes = self.ctx.all_gather_object(ok)  # also the barrier: every rank's snapshot is on disk
-        if not all(outcomes):
-            shutil.rmtree(final, ignore_errors=True)
+        ok = all(self.ctx.all_gather_object(ok))  # also the barrier: every rank's snapshot is on disk
+        if ok and self.ctx.is_main:
+            record = _Record(format=SNAPSHOT_FORMAT, stage=self.stage, layer=layer, world_size=self.ctx.world_size)
+            try:
+                write_json_atomic(self.stage_dir / RECORD_NAME, record.model_dump())
+            except OutputError as e:  # the previous record (and its snapshots) stand
+                ok = False
+                log.warning("%s: cannot record the resume snapshot after layer %d (%s); continuing without "
+                            "snapshots", self.stage, layer, e)
+        if not self.ctx.broadcast_object(ok):  # rank 0's word: the record names `layer`, or nothing changed
+            for path in (final, final.with_name(f".{final.name}.partial")):
+                shutil.rmtree(path, ignore_errors=True)
             self.every = 0
             return False
-        if self.ctx.is_main:
-            record = _Record(format=SNAPSHOT_FORMAT, stage=self.stage, layer=layer, world_size=self.ctx.world_size)
-            write_json_atomic(self.stage_dir / RECORD_NAME, record.model_dump())
-        self.ctx.barrier()  # the record names `layer`: the older snapshots are no longer needed
-        self._remove_others(keep=final.name)
+        self._remove_others(keep=final.name)  # the older snapshots are no longer needed
         self.written.append(layer)
         return True
 

@@ -117,3 +117,25 @@ def test_due_counts_layers_of_the_whole_run():
 def test_fingerprint_differences_name_nested_keys():
     assert fingerprint_differences({"a": {"b": 1, "c": 2}}, {"a": {"b": 1, "c": 3}, "d": 4}) == [
         "a.c: 2 -> 3", "d: None -> 4"]
+
+
+def test_a_record_that_cannot_be_written_keeps_the_previous_snapshot(tmp_path, monkeypatch, caplog):
+    import kimi_nvfp4.stage_kit.resume as resume_module
+    from kimi_nvfp4.errors import OutputError
+
+    store = _store(tmp_path)
+    store.save(1, State(seconds=[], note="one"), _streams())
+
+    real = resume_module.write_json_atomic
+
+    def full_disk_for_the_record(path, *args, **kwargs):
+        if path.name == RECORD_NAME:
+            raise OutputError("complete.json: disk full while writing")
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(resume_module, "write_json_atomic", full_disk_for_the_record)
+    assert not store.save(2, State(seconds=[], note="two"), _streams())
+    assert store.every == 0 and "cannot record the resume snapshot after layer 2" in caplog.text
+    monkeypatch.undo()
+    snap = _store(tmp_path).load()
+    assert snap.layer == 1 and snap.parse(State).note == "one"
