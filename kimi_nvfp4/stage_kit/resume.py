@@ -287,6 +287,8 @@ class ResumeStore:
     def finish(self) -> None:
         """The stage succeeded: delete its snapshots (rank 0, after the stage's own final barrier)."""
         if self.ctx.is_main:
+            # the record first: a kill in the middle leaves snapshots no run will try to use, deleted at its start
+            (self.stage_dir / RECORD_NAME).unlink(missing_ok=True)
             shutil.rmtree(self.stage_dir, ignore_errors=True)
             parent = self.stage_dir.parent
             if parent.is_dir() and not any(parent.iterdir()):
