@@ -110,3 +110,21 @@ def test_a_snapshot_that_cannot_be_written_does_not_stop_the_run(converted_pair,
     assert "cannot write the resume snapshot after layer 0" in caplog.text
     assert caplog.text.count("cannot write") == 1  # no further attempts
     assert (out / INPUT_SCALES_SHARD).read_bytes() == (fresh / INPUT_SCALES_SHARD).read_bytes()
+
+
+def test_the_command_takes_resume_every(converted_pair, loads):
+    from click.testing import CliRunner
+
+    from kimi_nvfp4.calibrate.cli import calibrate_command
+
+    src, out = converted_pair
+    args = [str(out), "--source", str(src), "--data", "sample", "--samples", "4", "--seq-len", "48", "--device", "cpu",
+            "--no-progress", "--resume-every", "1"]
+    loads.fail_at = FAIL_AT
+    killed = CliRunner().invoke(calibrate_command, args)
+    assert killed.exit_code != 0 and (out / RESUME_DIR / "calibrate" / RECORD_NAME).is_file()
+    loads.fail_at = None
+    loads.clear()
+    resumed = CliRunner().invoke(calibrate_command, args)
+    assert resumed.exit_code == 0, resumed.output
+    assert loads == Counter({FAIL_AT: 1}) and not (out / RESUME_DIR).exists()
