@@ -56,6 +56,8 @@ from .shard import (
     require_no_misplaced_input_scales,
 )
 from .stats import ActivationCollector
+from .resume import calibration_fingerprint, restore_calibration, save_calibration
+from ..stage_kit.resume import ResumeStore, Snapshot
 from .kv_cache import FP8_KV_CACHE_ALGO, KVCacheRanges, declared_kv_cache_algo, kv_cache_scales, with_kv_cache
 from .expert_stats import ExpertStatsMode
 from .expert_stats_file import EXPERT_STATS_DIR
@@ -195,6 +197,8 @@ def run_calibration(
     ctx: RankContext | None = None,
     kv_cache: bool = False,
     expert_stats: ExpertStatsHook | None = None,
+    resume: ResumeStore | None = None,
+    snapshot: Snapshot | None = None,
 ) -> CalibrationRun:
     """The observe / choose / advance loop over `layers` (default all) of the converted checkpoint.
 
@@ -209,7 +213,8 @@ def run_calibration(
     chosen, so every rank computes the same scales (kimi_nvfp4.distributed). `kv_cache`: also record
     what each layer's MLA cache holds (`run.kv_ranges`, for the FP8 KV scales of calibrate/kv_cache.py).
     `expert_stats`: also record each routed expert's input statistics and write them per layer
-    (calibrate/expert_stats_hook.py).
+    (calibrate/expert_stats_hook.py). `resume`: snapshot the run every `resume.every` layers;
+    `snapshot`: continue after the layer it was taken at instead of from the embeddings (calibrate/resume.py).
     """
     ctx = ctx or RankContext()
     compute_dtype = resolve_dtype(dtype, device)
@@ -223,14 +228,19 @@ def run_calibration(
         progress=False, materialize_layers=materialize, prefetch=prefetch,
     )
     cfg = reader.layout.text
-    todo = list(range(cfg.num_hidden_layers) if layers is None else layers)
-    states = runner.embed(sequences)
+    order = list(range(cfg.num_hidden_layers) if layers is None else layers)
     collector = ActivationCollector(device=device)
     observer = collector if expert_stats is None else expert_stats.observer(collector, device)
     run = CalibrationRun({}, [], [], dtype=dtype_name(compute_dtype), max_chunk_tokens=max_chunk_tokens)
     run.kv_ranges = KVCacheRanges(device=device) if kv_cache else None
+    if snapshot is not None:
+        states = restore_calibration(snapshot, run, runner, expert_stats, device)
+        done = order.index(snapshot.layer) + 1
+    else:
+        states, done = runner.embed(sequences), 0
     tokens = job_tokens(ctx, sum(int(s.numel()) for s in sequences))
-    for layer in layer_progress(todo, tokens_per_layer=tokens, desc="calibrate: layers", enabled=progress):
+    for layer in layer_progress(order[done:], tokens_per_layer=tokens, desc="calibrate: layers", enabled=progress,
+                                done=done):
         t0 = time.perf_counter()
         clock = PhaseClock(device)
         collector.start_layer(layer)
@@ -273,6 +283,9 @@ def run_calibration(
         synchronize(device)
         run.layer_seconds.append(time.perf_counter() - t0)
         run.phase_seconds.append(clock.seconds)
+        done += 1
+        if resume is not None and resume.due(done, len(order)):
+            save_calibration(resume, layer, states, run, expert_stats)
     if run.kv_ranges is not None:
         run.kv_ranges.combine_ranks(ctx)
     return run
@@ -317,35 +330,26 @@ def calibrate_checkpoint(
     dev = resolve_device(device)
     ctx = rank_context(dev)
     dev = ctx.device(dev)
-    resolve_dtype(dtype, dev)  # a bad name fails before the data is loaded
+    compute_dtype = resolve_dtype(dtype, dev)  # a bad name fails before the data is loaded
     kv_fp8 = declared_kv_cache_algo(output) == FP8_KV_CACHE_ALGO  # `convert --kv-cache none`: no KV scales
-    sample_set = load_sample_set(
-        output,
-        data,
-        part=DataPart.CALIBRATION,
-        samples=samples,
-        seq_len=seq_len,
-        seed=seed,
-        generated_sessions=generated_sessions,
-    )
+    sample_set = load_sample_set(output, data, part=DataPart.CALIBRATION, samples=samples, seq_len=seq_len,
+                                 seed=seed, generated_sessions=generated_sessions)
     calib_dir = Path(report_dir) if report_dir is not None else output / CALIBRATION_DIR
     # always inside the output (requantize reads them there), wherever the report goes
     expert_hook = None if opts.expert_stats is ExpertStatsMode.NONE else ExpertStatsHook(
         opts.expert_stats, output / CALIBRATION_DIR / EXPERT_STATS_DIR)
+    mine = ctx.shard(sample_set.sequences)
+    stats_dir = calib_dir / ACTIVATION_STATS_DIR if save_activation_stats else None
+    if max_chunk_tokens is None:
+        max_chunk_tokens = CUDA_CHUNK_TOKENS if dev.type == "cuda" else DEFAULT_MAX_CHUNK_TOKENS
+    resume = ResumeStore(output, CALIBRATE_STAGE, ctx, calibration_fingerprint(
+        out_reader, ctx, data, mine, opts, device=dev, dtype=compute_dtype, max_chunk_tokens=max_chunk_tokens,
+        stats_dir=stats_dir, kv_cache=kv_fp8), every=opts.resume_every)
     run = run_calibration(
-        out_reader,
-        ctx.shard(sample_set.sequences),
-        policy=policy,
-        min_expert_tokens=min_expert_tokens,
-        device=dev,
-        max_chunk_tokens=max_chunk_tokens,
-        states_device=states_device,
-        stats_dir=calib_dir / ACTIVATION_STATS_DIR if save_activation_stats else None,
-        progress=progress and ctx.is_main,
-        dtype=dtype,
-        ctx=ctx,
-        kv_cache=kv_fp8,
-        expert_stats=expert_hook,
+        out_reader, mine, policy=policy, min_expert_tokens=min_expert_tokens, device=dev,
+        max_chunk_tokens=max_chunk_tokens, states_device=states_device, stats_dir=stats_dir,
+        progress=progress and ctx.is_main, dtype=dtype, ctx=ctx, kv_cache=kv_fp8, expert_stats=expert_hook,
+        resume=resume, snapshot=resume.load(),
     )
     if not ctx.is_main:  # rank 0 writes; the others return what it wrote
         ctx.barrier()
@@ -388,6 +392,7 @@ def calibrate_checkpoint(
         kv_cache=kv_report,
     )
     write_calibration_report(report, calib_dir)
+    resume.finish()  # everything is written: the snapshots are no longer needed
     if ctx.distributed:
         ctx.barrier()
         ctx.broadcast_object(report)

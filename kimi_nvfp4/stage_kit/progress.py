@@ -33,10 +33,12 @@ def format_rate(tokens_per_s: float) -> str:
     return f"{tokens_per_s:.0f} tok/s"
 
 
-def layer_progress(layers: Iterable[T], *, tokens_per_layer: int, desc: str, enabled: bool) -> Iterator[T]:
-    """Yield each layer; after its work the bar advances and shows the last layer's tokens per second."""
+def layer_progress(layers: Iterable[T], *, tokens_per_layer: int, desc: str, enabled: bool,
+                   done: int = 0) -> Iterator[T]:
+    """Yield each layer; after its work the bar advances and shows the last layer's tokens per second.
+    `done`: layers finished before these (a resumed run), counted in the bar's total and start."""
     items = list(layers)
-    with tqdm(total=len(items), desc=desc, unit="layer", disable=not enabled) as bar:
+    with tqdm(total=len(items) + done, initial=done, desc=desc, unit="layer", disable=not enabled) as bar:
         for item in items:
             start = _clock()
             yield item

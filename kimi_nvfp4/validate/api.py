@@ -38,6 +38,8 @@ from .gates import DEFAULT_GATES, GateThresholds
 from .metrics import RelativeError, TokenComparison
 from .options import ValidateOptions
 from .ranks import merge_counts, merge_relative_errors, merge_token_comparison
+from .resume import ValidationResume, validation_fingerprint
+from ..stage_kit.resume import ResumeStore
 from .report import EndToEnd, LayerValidation, ValidationReport, ValidationSettings, write_validation_report
 from .structure import check_structure
 from .weights import WeightComparer, WeightSummary
@@ -121,6 +123,7 @@ def compare_streams(
     ctx: RankContext | None = None,
     baseline: bool = False,
     expert_check_tokens: int | None = DEFAULT_EXPERT_CHECK_TOKENS,
+    resume: ValidationResume | None = None,
 ) -> StreamComparison:
     """Step the INT4 stream and one NVFP4 stream per mode through every layer, then compare logits.
 
@@ -130,7 +133,8 @@ def compare_streams(
     `prefetch` (default: on CUDA) reads layer L+1 of both checkpoints while layer L computes.
     `ctx`: under torchrun, `sequences` is this rank's share; every figure is combined over the ranks
     (validate/ranks.py) and is the same on every rank. `baseline`: one more W4A16 stream whose experts are
-    the amax (Model Optimizer rule) conversion of the same INT4 experts (validate/baseline.py).
+    the amax (Model Optimizer rule) conversion of the same INT4 experts (validate/baseline.py). `resume`: snapshot
+    the streams every `resume.store.every` layers, and continue from `resume.snapshot` if set (validate/resume.py).
     `expert_check_tokens`: tokens compared per expert and layer in the per-expert check (validate/experts.py).
     """
     ctx = ctx or RankContext()
@@ -145,16 +149,21 @@ def compare_streams(
     nv_source = NVFP4Weights(out_reader, activations=first.value, input_scale_reduction=reduction.value)
     nv_runner = LayerStreamRunner(nv_source, **kw)
     fallback_source = NVFP4Weights(out_reader, activations="w4a16", input_scale_reduction=reduction.value)
-    ref_states = ref_runner.embed(sequences)
-    states = {mode: nv_runner.embed(sequences) for mode in wanted}
-    base_states = nv_runner.embed(sequences) if baseline else None
     comparer = WeightComparer(src_reader, out_reader, device, flag_rel_mse=flag_rel_mse)
     cfg = out_reader.layout.text
     result = StreamComparison([], [], [], None, {})
+    if resume is not None and resume.snapshot is not None:
+        ref_states, states, base_states, start = resume.restore(result, comparer, ref_runner, nv_runner, wanted)
+    else:
+        ref_states = ref_runner.embed(sequences)
+        states = {mode: nv_runner.embed(sequences) for mode in wanted}
+        base_states = nv_runner.embed(sequences) if baseline else None
+        start = 0
 
     tokens = job_tokens(ctx, sum(int(s.numel()) for s in sequences))
-    for layer in layer_progress(range(cfg.num_hidden_layers), tokens_per_layer=tokens, desc="validate: layers",
-                                enabled=progress):
+    n_layers = cfg.num_hidden_layers
+    for layer in layer_progress(range(start, n_layers), tokens_per_layer=tokens, desc="validate: layers",
+                                enabled=progress, done=start):
         t0 = time.perf_counter()
         clock = PhaseClock(device)
         w_ref = ref_runner.load_layer(layer)
@@ -218,6 +227,8 @@ def compare_streams(
         synchronize(device)
         result.layer_seconds.append(time.perf_counter() - t0)
         result.phase_seconds.append(clock.seconds)
+        if resume is not None and resume.store.due(layer + 1, n_layers):
+            resume.save(layer, ref_states, states, base_states, result, comparer)
 
     runners = {mode: nv_runner for mode in states}
     t0 = time.perf_counter()
@@ -292,6 +303,8 @@ def validate_checkpoint(
     ctx = rank_context(dev)
     dev = ctx.device(dev)
     compute_dtype = resolve_dtype(opts.dtype, dev)
+    if max_chunk_tokens is None:
+        max_chunk_tokens = CUDA_MAX_CHUNK_TOKENS if dev.type == "cuda" else DEFAULT_MAX_CHUNK_TOKENS
     sample_set = load_sample_set(
         output,
         data,
@@ -302,13 +315,23 @@ def validate_checkpoint(
         generated_sessions=opts.generated_sessions,
     )
 
-    # the structural scan reads every tensor once: rank 0's job, shared with the others at the end
-    structure = check_structure(out_reader, src_reader, progress=progress) if ctx.is_main else None
+    mine = ctx.shard(sample_set.sequences)
+    baseline = baseline_enabled(opts.baseline, sample_set.tokens)
+    resume = ValidationResume(ResumeStore(report_dir, VALIDATE_STAGE, ctx, validation_fingerprint(
+        out_reader, src_reader, ctx, data, mine, opts, device=dev, dtype=compute_dtype,
+        max_chunk_tokens=max_chunk_tokens, baseline=baseline, flag_rel_mse=thresholds.weight_rel_mse_max,
+    ), every=opts.resume_every))
+    resume.snapshot = resume.store.load()
+    # the structural scan reads every tensor once: rank 0's job (kept in its snapshots), shared at the end
+    structure = resume.saved_structure()
+    if structure is None and ctx.is_main:
+        structure = check_structure(out_reader, src_reader, progress=progress)
+    resume.structure = structure
     progress = progress and ctx.is_main
     run = compare_streams(
         src_reader,
         out_reader,
-        ctx.shard(sample_set.sequences),
+        mine,
         modes=mode_list,
         reduction=reduction,
         device=dev,
@@ -318,8 +341,9 @@ def validate_checkpoint(
         progress=progress,
         dtype=compute_dtype,
         ctx=ctx,
-        baseline=baseline_enabled(opts.baseline, sample_set.tokens),
+        baseline=baseline,
         expert_check_tokens=opts.expert_check_tokens,
+        resume=resume,
     )
     structure = ctx.broadcast_object(structure)
     gate_results = evaluate_gates(
@@ -359,6 +383,7 @@ def validate_checkpoint(
         write_validation_report(report, report_dir)
         if record_in_manifest:
             _record_stage(output, report, report_dir)
+        resume.store.finish()  # the report is written: the snapshots are no longer needed
     ctx.barrier()
     return report
 

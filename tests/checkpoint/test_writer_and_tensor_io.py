@@ -141,6 +141,25 @@ def test_streaming_copy_through_small_buffers_gives_the_same_bytes(tmp_path, mon
     assert got.sha256 == expected.sha256 == hashlib.sha256((tmp_path / "b.safetensors").read_bytes()).hexdigest()
 
 
+@pytest.mark.parametrize("background", [True, False], ids=["background", "inline"])
+def test_without_checksum_the_same_bytes_and_no_sha256(tmp_path, background):
+    """checksum=False (resume snapshots): the same file, only the hash is skipped."""
+    from kimi_nvfp4.checkpoint.writer import StreamingShardWriter
+
+    names = sorted(TENSORS)
+    written = {}
+    for checksum in (True, False):
+        path = tmp_path / f"{checksum}.safetensors"
+        with StreamingShardWriter(path, _specs({n: TENSORS[n] for n in names}), background=background,
+                                  checksum=checksum) as w:
+            for n in names:
+                w.write(n, TENSORS[n])
+            written[checksum] = w.commit()
+    assert written[False].sha256 == "" and written[True].sha256
+    assert (tmp_path / "True.safetensors").read_bytes() == (tmp_path / "False.safetensors").read_bytes()
+    assert written[False].bytes == written[True].bytes
+
+
 def test_background_write_failure_surfaces_and_removes_the_partial_file(tmp_path, monkeypatch):
     import kimi_nvfp4.checkpoint.writer as writer_module
     from kimi_nvfp4.checkpoint.writer import StreamingShardWriter
