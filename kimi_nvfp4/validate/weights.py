@@ -8,7 +8,9 @@ as error here, not just as a structural finding.
 
 from __future__ import annotations
 
+import functools
 import heapq
+import importlib.util
 from dataclasses import dataclass
 
 import torch
@@ -20,11 +22,14 @@ from ..distributed import RankContext
 from ..errors import CheckpointError
 from ..model.layer_weights import LayerWeights, MLPWeights, MoEWeights
 from ..model.linear import Int4Linear, NVFP4Linear
+from ..numerics.constants import INT4_GROUP_SIZE
 from ..numerics.methods import Int4Matrix, MatrixErrorStats
 from ..numerics.methods.stats import error_sums, stats_from_sums
 from ..numerics.nvfp4 import NVFP4Tensor
 
 WORST_MATRICES = 10
+# On CUDA the loaded-layer check runs the fused kernel (numerics/compare_kernel.py); False: `error_sums` per matrix.
+USE_FUSED_WEIGHT_CHECK = True
 MAX_FLAGGED = 50
 
 
@@ -76,7 +81,18 @@ class PendingComparison:
     expert: int
     proj: str
     numel: int
-    sums: torch.Tensor  # float64 [4] on the device
+    sums: torch.Tensor | None = None  # float64 [4] on the device (`error_sums`)
+    partial: torch.Tensor | None = None  # or the fused kernel's per-program partial sums (`compare_kernel`)
+
+
+@functools.cache
+def _compare_kernel():
+    """The fused weight-check kernel's module where Triton is installed (CUDA builds of torch), else None."""
+    if importlib.util.find_spec("triton") is None:
+        return None
+    from ..numerics import compare_kernel
+
+    return compare_kernel
 
 
 def _comparison(module: str, layer: int, expert: int, proj: str, m: Int4Matrix, q: NVFP4Tensor, where: str):
@@ -88,6 +104,17 @@ def _comparison(module: str, layer: int, expert: int, proj: str, m: Int4Matrix, 
     return PendingComparison(module, layer, expert, proj, m.codes.numel(), error_sums(m, q))
 
 
+def _fused_comparison(kernel, module: str, layer: int, expert: int, proj: str, src: Int4Linear, q: NVFP4Tensor,
+                      where: str) -> PendingComparison:
+    n_out, n_in = src.out_features, src.in_features
+    if tuple(q.weight.shape) != (n_out, n_in // 2):
+        raise CheckpointError(
+            f"NVFP4 weight is {list(q.weight.shape)}, expected {[n_out, n_in // 2]}", file=where, tensor=f"{module}.weight"
+        )
+    partial = kernel.compare_partials(src.weight_packed, src.weight_scale, q.weight, q.weight_scale, q.weight_scale_2)
+    return PendingComparison(module, layer, expert, proj, n_out * n_in, partial=partial)
+
+
 def resolve_comparisons(
     found: dict[int, list[PendingComparison] | str],
 ) -> dict[int, list[tuple[MatrixComparison, MatrixErrorStats]] | str]:
@@ -95,8 +122,11 @@ def resolve_comparisons(
     pending = [p for v in found.values() if not isinstance(v, str) for p in v]
     if not pending:
         return dict(found)
-    sums = torch.stack([p.sums.to(pending[0].sums.device) for p in pending]).cpu().tolist()
-    values = iter(sums)
+    fused = [p.partial for p in pending if p.partial is not None]
+    fused_sums = iter(_compare_kernel().reduce_partials(fused)) if fused else iter(())
+    device = (fused[0] if fused else pending[0].sums).device
+    sums = torch.stack([next(fused_sums) if p.partial is not None else p.sums.to(device) for p in pending])
+    values = iter(sums.cpu().tolist())
     out: dict[int, list[tuple[MatrixComparison, MatrixErrorStats]] | str] = {}
     for e, v in found.items():
         if isinstance(v, str):
@@ -153,13 +183,18 @@ def compare_loaded_expert(
         if not isinstance(src, Int4Linear) or not isinstance(dst, NVFP4Linear):
             raise CheckpointError(f"expected an INT4 source and an NVFP4 output linear, got {src} and {dst}",
                                   file=where, tensor=module_of(proj))
-        m = Int4Matrix.from_packed(src.weight_packed, src.weight_scale, src.in_features)
         scale_2 = dst.tensor.weight_scale_2.to(dtype=torch.float32).reshape(())
         if proj == "gate_proj":
             gate_scale_2 = scale_2
         elif proj == "up_proj" and gate_scale_2 is not None:
             scale_2 = gate_scale_2  # served with gate's (see the module docstring)
         q = NVFP4Tensor(weight=dst.tensor.weight, weight_scale=dst.tensor.weight_scale, weight_scale_2=scale_2)
+        kernel = _compare_kernel() if src.weight_packed.is_cuda and USE_FUSED_WEIGHT_CHECK else None
+        whole_words = src.in_features % INT4_GROUP_SIZE == 0 and src.weight_packed.shape[1] * 8 == src.in_features
+        if kernel is not None and whole_words:
+            out.append(_fused_comparison(kernel, module_of(proj), layer, expert, proj, src, q, where))
+            continue
+        m = Int4Matrix.from_packed(src.weight_packed, src.weight_scale, src.in_features)
         out.append(_comparison(module_of(proj), layer, expert, proj, m, q, where))
     return out
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from kimi_nvfp4.checkpoint.reader import CheckpointReader
@@ -66,3 +67,27 @@ def test_one_read_back_per_layer_gives_the_per_matrix_figures(calibrated_pair):
     found[0] = "cannot read"
     assert resolve_comparisons(found)[0] == "cannot read"
     assert resolve_comparisons({}) == {}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fused_weight_check_on_cuda_gives_the_per_matrix_summary(calibrated_pair, monkeypatch):
+    from kimi_nvfp4.validate import weights as weights_module
+
+    src, out = calibrated_pair
+    reader = CheckpointReader(out)
+    sequences = load_sample_set(out, "sample", part=DataPart.HELDOUT, samples=2, seq_len=32, seed=0).sequences
+
+    def summary(fused: bool):
+        monkeypatch.setattr(weights_module, "USE_FUSED_WEIGHT_CHECK", fused)
+        return compare_streams(
+            CheckpointReader(src), reader, sequences, modes=[ActivationMode.W4A16],
+            reduction=InputScaleReduction.LAYER_MAX, device=torch.device("cuda"), flag_rel_mse=1.0, progress=False,
+        ).weights
+
+    fused, reference = summary(True), summary(False)
+    assert fused.matrices == reference.matrices > 0
+    assert fused.exact_fraction == reference.exact_fraction
+    assert fused.rel_mse == pytest.approx(reference.rel_mse, rel=1e-12)
+    assert fused.rel_mse_max == pytest.approx(reference.rel_mse_max, rel=1e-12)
+    assert [w.module for w in fused.worst] == [w.module for w in reference.worst]
