@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..numerics.constants import INT4_GROUP_SIZE, INT4_PER_INT32
 from ..numerics.int4 import dequantize_int4
 from ..numerics.nvfp4 import (
     NVFP4Tensor,
@@ -42,6 +43,29 @@ from ..numerics.nvfp4 import (
 # On CUDA, W4A4 activations go through the fused Triton kernel (numerics/activation_kernel.py: the same bits in
 # one pass instead of ~20); False keeps the reference path everywhere (benchmarks compare the two).
 USE_FUSED_ACTIVATIONS = True
+
+
+# On CUDA, stored matrices are dequantized by one fused Triton kernel each (numerics/dequant_kernels.py: the same
+# bits); False keeps the reference path.
+USE_FUSED_DEQUANTIZATION = True
+
+
+@functools.cache
+def _dequant_kernels():
+    """The fused dequantization kernels' module where Triton is installed, else None."""
+    if importlib.util.find_spec("triton") is None:
+        return None
+    from ..numerics import dequant_kernels
+
+    return dequant_kernels
+
+
+def _fused_dequant(device: torch.device, dtype: torch.dtype):
+    """The fused kernels' module when they serve a matrix on `device` in `dtype`, else None."""
+    if device.type != "cuda" or not USE_FUSED_DEQUANTIZATION:
+        return None
+    kernels = _dequant_kernels()
+    return kernels if kernels is not None and dtype in kernels.DEQUANT_DTYPES else None
 
 
 @functools.cache
@@ -161,6 +185,10 @@ class Int4Linear(Linear):
         return _nbytes(self.weight_packed) + _nbytes(self.weight_scale)
 
     def _dequantize(self) -> torch.Tensor:
+        kernels = _fused_dequant(self.weight_packed.device, self.dtype)
+        if kernels is not None and self.in_features % INT4_GROUP_SIZE == 0 \
+                and self.weight_packed.shape[1] * INT4_PER_INT32 == self.in_features:
+            return kernels.dequantize_int4_fused(self.weight_packed, self.weight_scale, self.in_features, self.dtype)
         return dequantize_int4(self.weight_packed, self.weight_scale, self.in_features).to(self.dtype)
 
 
@@ -191,6 +219,9 @@ class NVFP4Linear(Linear):
         self.input_scale = input_scale
 
     def _dequantize(self) -> torch.Tensor:
+        kernels = _fused_dequant(self.tensor.weight.device, self.dtype)
+        if kernels is not None:
+            return kernels.dequantize_nvfp4_fused(self.tensor, self.dtype)
         return dequantize_nvfp4(self.tensor, dtype=torch.float32).to(self.dtype)
 
     def stored_bytes(self) -> int:
