@@ -57,7 +57,10 @@ def _bf16_bits_rn(x):
     """fp32 -> bf16 bit pattern (int16), round to nearest even: torch's cast, spelled out because Triton's CPU
     interpreter truncates in `.to(tl.bfloat16)` (the compiled cast rounds to nearest even and gives the same)."""
     xb = x.to(tl.int32, bitcast=True)
-    return ((xb + 0x7FFF + ((xb >> 16) & 1)) >> 16).to(tl.int16)
+    rounded = ((xb + 0x7FFF + ((xb >> 16) & 1)) >> 16).to(tl.int16)
+    # NaN as torch casts it (0x7FC0): the compiled kernels' NaN is 0x7FFFFFFF, which the rounding add carries
+    # into the sign bit (-0.0)
+    return tl.where(x != x, 0x7FC0, rounded).to(tl.int16)
 
 
 @triton.jit
