@@ -360,6 +360,7 @@ def validate_checkpoint(
             modes=[m.value for m in mode_list],
             input_scale_reduction=reduction.value,
             dtype=dtype_name(compute_dtype),
+            expert_check_tokens=opts.expert_check_tokens,
         ),
         thresholds=thresholds,
         device=str(dev),

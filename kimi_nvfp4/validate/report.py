@@ -64,6 +64,8 @@ class ValidationSettings(BaseModel):
     input_scale_reduction: str
     # compute dtype of every stream: bf16 on CUDA by default (as SGLang serves), fp32 on CPU
     dtype: str = "float32"
+    # tokens compared per expert and layer by the per-expert check (0: all; None: a report from before the cap)
+    expert_check_tokens: int | None = None
 
 
 class ValidationReport(BaseModel):
