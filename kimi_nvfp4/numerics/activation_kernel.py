@@ -25,7 +25,7 @@ import triton.language as tl
 
 from .constants import E2M1_MAX, E4M3_MAX, NVFP4_BLOCK_SIZE
 from .e2m1 import _DECISION_BOUNDS
-from .methods.search.triton_kernels import _e2m1_value, _e4m3_value
+from .methods.search.triton_kernels import _e2m1_value, _e4m3_value, e4m3_bits_rn
 
 __all__ = ["fake_quantize_activation_fused", "FUSED_DTYPES"]
 
@@ -38,18 +38,6 @@ FUSED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _ONE_SIXTH = tl.constexpr(1.0 / E2M1_MAX)  # fp32(1/6), as torch multiplies an fp32 tensor by the Python float
 _SCALE_MAX = tl.constexpr(E4M3_MAX)
 _B0, _B1, _B2, _B3, _B4, _B5, _B6 = (tl.constexpr(b) for b in _DECISION_BOUNDS)
-
-
-@triton.jit
-def _e4m3_bits_rn(x):
-    """Non-negative fp32 (at most 448) -> e4m3fn bits (int32), round to nearest even, subnormals and zero kept."""
-    xb = x.to(tl.int32, bitcast=True)
-    # Normal (x >= 2**-6): drop 20 of fp32's 23 mantissa bits half-even, rebias 127 -> 7.
-    normal = ((xb + 0x7FFFF + ((xb >> 20) & 1)) >> 20) - (120 << 3)
-    # Subnormal: m * 2**-9 with m = x * 512 rounded half-even by adding 2**23 (m = 8 is 2**-6, bits 0x08).
-    y = x * 512.0
-    sub = ((y + 8388608.0) - 8388608.0).to(tl.int32)
-    return tl.where(xb >= (121 << 23), normal, sub)
 
 
 @triton.jit
@@ -75,7 +63,7 @@ def _fake_quantize_kernel(x_ptr, out_ptr, input_scale_ptr, num_blocks, BLOCKS: t
     global_scale = tl.div_rn(1.0, input_scale)
     amax = tl.max(tl.abs(x), axis=1)
     sf_value = global_scale * (amax * _ONE_SIXTH)
-    sf = _e4m3_value(_e4m3_bits_rn(tl.minimum(sf_value, _SCALE_MAX)))
+    sf = _e4m3_value(e4m3_bits_rn(tl.minimum(sf_value, _SCALE_MAX)))
     output_scale = tl.div_rn(1.0, sf * tl.div_rn(1.0, global_scale))
     output_scale = tl.where(amax != 0.0, output_scale, 0.0)
     v = x * output_scale[:, None]

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from .constants import INT4_GROUP_SIZE, NVFP4_BLOCK_SIZE
-from .methods.search.triton_kernels import _e2m1_value, _e4m3_value
+from .dequant_kernels import int4_block_values, nvfp4_block_values
 
 __all__ = ["PARTIAL_FIELDS", "compare_partials", "reduce_partials"]
 
@@ -30,8 +30,6 @@ _BLOCKS_PER_PROGRAM = 128
 _COMPILE = {"enable_fp_fusion": False, "num_warps": 4}
 # Per program: sum of squared errors, sum of squared INT4 values, inexact elements, largest |error|, NaN errors.
 PARTIAL_FIELDS = 5
-_INT4_OFFSET = tl.constexpr(8)  # a nibble holds q + 8
-_E4M3_NAN_BITS = tl.constexpr(0x7F)
 
 
 @triton.jit
@@ -40,23 +38,8 @@ def _compare_kernel(packed_ptr, group_scale_ptr, weight_ptr, block_scale_ptr, sc
     pid = tl.program_id(0)
     block = pid.to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
     live = block < num_blocks
-    j = tl.arange(0, 16)
-    # INT4: element 16b + j is nibble (j % 8) of word 2b + j // 8 (rows are whole words: in % 32 == 0)
-    words = tl.load(packed_ptr + block[:, None] * 2 + (j // 8)[None, :], mask=live[:, None], other=0)
-    code = ((words >> ((j % 8) * 4)[None, :]) & 0xF) - _INT4_OFFSET
-    group_scale = tl.load(group_scale_ptr + block // 2, mask=live, other=0.0).to(tl.float32)
-    value = code.to(tl.float32) * group_scale[:, None]
-    # NVFP4: element 16b + j is the low (even j) or high nibble of byte 8b + j // 2
-    byte = tl.load(weight_ptr + block[:, None] * 8 + (j // 2)[None, :], mask=live[:, None], other=0).to(tl.int32)
-    e2m1 = (byte >> ((j % 2) * 4)[None, :]) & 0xF
-    bits = tl.load(block_scale_ptr + block, mask=live, other=0).to(tl.int32)
-    magnitude_bits = bits & 0x7F
-    block_scale = _e4m3_value(magnitude_bits)
-    block_scale = tl.where(magnitude_bits == _E4M3_NAN_BITS, float("nan"), block_scale)
-    block_scale = tl.where((bits & 0x80) != 0, -block_scale, block_scale)
-    d = block_scale * tl.load(scale_2_ptr)
-    product = _e2m1_value(e2m1 & 7) * d[:, None]
-    dequantized = tl.where((e2m1 & 8) != 0, -product, product)
+    value = int4_block_values(packed_ptr, group_scale_ptr, block, live)
+    dequantized = nvfp4_block_values(weight_ptr, block_scale_ptr, scale_2_ptr, block, live)
     error = dequantized - value
     error64 = error.to(tl.float64)
     value64 = value.to(tl.float64)

@@ -41,14 +41,11 @@ def _store(out_ptr, offsets, value, live, BF16: tl.constexpr):
 
 
 @triton.jit
-def _nvfp4_kernel(weight_ptr, block_scale_ptr, scale_2_ptr, out_ptr, num_blocks, BLOCKS: tl.constexpr,
-                  BF16: tl.constexpr):
-    pid = tl.program_id(0)
-    block = pid.to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
-    live = block < num_blocks
+def nvfp4_block_values(weight_ptr, block_scale_ptr, scale_2_ptr, block, live):
+    """fp32 `[BLOCKS, 16]`: the NVFP4 values of 16-element blocks `block` (row-major over the matrix)."""
     j = tl.arange(0, 16)
     byte = tl.load(weight_ptr + block[:, None] * 8 + (j // 2)[None, :], mask=live[:, None], other=0).to(tl.int32)
-    code = (byte >> ((j % 2) * 4)[None, :]) & 0xF
+    code = (byte >> ((j % 2) * 4)[None, :]) & 0xF  # even element in the low nibble
     bits = tl.load(block_scale_ptr + block, mask=live, other=0).to(tl.int32)
     magnitude_bits = bits & 0x7F
     block_scale = _e4m3_value(magnitude_bits)
@@ -56,21 +53,35 @@ def _nvfp4_kernel(weight_ptr, block_scale_ptr, scale_2_ptr, out_ptr, num_blocks,
     block_scale = tl.where((bits & 0x80) != 0, -block_scale, block_scale)
     d = block_scale * tl.load(scale_2_ptr)
     product = _e2m1_value(code & 7) * d[:, None]
-    value = (product.to(tl.int32, bitcast=True) ^ ((code >> 3) << 31)).to(tl.float32, bitcast=True)
-    _store(out_ptr, block[:, None] * 16 + j[None, :], value, live, BF16)
+    return (product.to(tl.int32, bitcast=True) ^ ((code >> 3) << 31)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
-def _int4_kernel(packed_ptr, group_scale_ptr, out_ptr, num_blocks, BLOCKS: tl.constexpr, BF16: tl.constexpr):
-    pid = tl.program_id(0)
-    block = pid.to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
-    live = block < num_blocks
+def int4_block_values(packed_ptr, group_scale_ptr, block, live):
+    """fp32 `[BLOCKS, 16]`: the INT4 values of 16-element blocks `block` (element 16b + j is nibble j % 8 of word
+    2b + j // 8, and its group scale is b // 2: rows of whole 32-groups)."""
     j = tl.arange(0, 16)
     words = tl.load(packed_ptr + block[:, None] * 2 + (j // 8)[None, :], mask=live[:, None], other=0)
     code = ((words >> ((j % 8) * 4)[None, :]) & 0xF) - _INT4_OFFSET
     group_scale = tl.load(group_scale_ptr + block // 2, mask=live, other=0.0).to(tl.float32)
-    value = code.to(tl.float32) * group_scale[:, None]
-    _store(out_ptr, block[:, None] * 16 + j[None, :], value, live, BF16)
+    return code.to(tl.float32) * group_scale[:, None]
+
+
+@triton.jit
+def _nvfp4_kernel(weight_ptr, block_scale_ptr, scale_2_ptr, out_ptr, num_blocks, BLOCKS: tl.constexpr,
+                  BF16: tl.constexpr):
+    block = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
+    live = block < num_blocks
+    value = nvfp4_block_values(weight_ptr, block_scale_ptr, scale_2_ptr, block, live)
+    _store(out_ptr, block[:, None] * 16 + tl.arange(0, 16)[None, :], value, live, BF16)
+
+
+@triton.jit
+def _int4_kernel(packed_ptr, group_scale_ptr, out_ptr, num_blocks, BLOCKS: tl.constexpr, BF16: tl.constexpr):
+    block = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
+    live = block < num_blocks
+    value = int4_block_values(packed_ptr, group_scale_ptr, block, live)
+    _store(out_ptr, block[:, None] * 16 + tl.arange(0, 16)[None, :], value, live, BF16)
 
 
 def _launch(kernel, out: torch.Tensor, *inputs: torch.Tensor) -> None:

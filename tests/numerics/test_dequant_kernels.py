@@ -7,30 +7,17 @@ Where Triton is installed without a GPU, its CPU interpreter checks the kernels'
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from . import dequant_checks
-
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-ROOT = Path(__file__).resolve().parents[2]
+from .interpreter import requires_triton, run_under_interpreter
 
 
-@pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed (it comes with CUDA builds of torch)")
+@requires_triton
 def test_fused_dequantization_matches_the_reference_under_the_triton_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    run = subprocess.run(
-        [sys.executable, "-m", "tests.numerics.dequant_checks"], env=env, capture_output=True, text=True,
-        timeout=600, cwd=ROOT,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert int(run.stdout.split()[-1]) == 54
+    out = run_under_interpreter("tests.numerics.dequant_checks")
+    assert int(out.split()[-1]) == 54
 
 
 @pytest.mark.gpu

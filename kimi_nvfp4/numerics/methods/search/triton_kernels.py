@@ -61,16 +61,23 @@ _B0, _B1, _B2, _B3, _B4, _B5, _B6 = _DECISION_BOUNDS  # E2M1 rounding bounds (ti
 
 
 @triton.jit
-def _e4m3_bits(x):
-    """fp32 -> e4m3fn bit pattern (int32), after clamping to [2**-9, 448], rounding to nearest even."""
-    x = tl.minimum(tl.maximum(x, _E4M3_LOWEST), _E4M3_HIGHEST)
+def e4m3_bits_rn(x):
+    """Non-negative fp32 (at most 448) -> e4m3fn bit pattern (int32), round to nearest even, subnormals and zero
+    kept (activation block scales may round to them)."""
     xb = x.to(tl.int32, bitcast=True)
     # Normal e4m3 (x >= 2**-6): drop 20 of fp32's 23 mantissa bits with round-half-even, rebias 127 -> 7.
     normal = ((xb + 0x7FFFF + ((xb >> 20) & 1)) >> 20) - (120 << 3)
-    # Subnormal e4m3: m * 2**-9; x * 512 is exact and < 8, and adding 2**23 rounds it half-even to an integer.
+    # Subnormal e4m3: m * 2**-9; x * 512 is exact and < 8, and adding 2**23 rounds it half-even to an integer
+    # (m = 8 is 2**-6, bits 0x08).
     y = x * 512.0
     sub = ((y + 8388608.0) - 8388608.0).to(tl.int32)
     return tl.where(xb >= (121 << 23), normal, sub)
+
+
+@triton.jit
+def _e4m3_bits(x):
+    """fp32 -> e4m3fn bit pattern (int32), after clamping to [2**-9, 448] (Model Optimizer's block-scale clamp)."""
+    return e4m3_bits_rn(tl.minimum(tl.maximum(x, _E4M3_LOWEST), _E4M3_HIGHEST))
 
 
 @triton.jit
