@@ -73,16 +73,9 @@ case $part in
     # Result files for docs/benchmarks.md §10: copy $out/{calibrate,validate}_256x2048.json to bench/results/ under
     # a telling name, add them to the §10 blocks' `from` lists and run `python bench/render_benchmarks.py`.
     ;;
-  model13s6a)
-    # Session 6 (#13), part 1 of 2 (one call each): every GPU test of the model stages, then calibrate at K2.6 dims.
-    step gpu_tests 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/numerics tests/convert tests/synth tests/model \
-      tests/calibrate tests/validate
-    step calibrate 330 python3 bench/bench_calibrate.py --device cuda --work-dir /tmp/kimi_bench --json "$out/calibrate_256x2048.json" \
-      --layers 2 --experts 384 --vocab-size 16384 --samples ${SAMPLES:-256} --seq-len 2048 --synth-device cuda \
-      ${LABEL:+--label "$LABEL"}
-    ;;
   model13s6)
-    # Both parts in one call (after the fused prefill attention and the expert check changes).
+    # Session 6 (#13): every GPU test of the model stages, then calibrate and validate at K2.6 dims (384 experts,
+    # 256 x 2048 tokens), validate as `kimi-nvfp4 validate` runs by default (amax baseline on, expert check capped).
     step gpu_tests 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/numerics tests/convert tests/synth tests/model \
       tests/calibrate tests/validate
     step calibrate 200 python3 bench/bench_calibrate.py --device cuda --work-dir /tmp/kimi_bench --json "$out/calibrate_256x2048.json" \
@@ -91,12 +84,6 @@ case $part in
     step validate 240 python3 bench/bench_validate.py --device cuda --work-dir /tmp/kimi_bench --json "$out/validate_256x2048.json" \
       --layers 2 --experts 384 --vocab-size 16384 --samples ${SAMPLES:-256} --seq-len 2048 --synth-device cuda \
       ${LABEL:+--label "validate_$LABEL"}
-    ;;
-  model13s6b)
-    # Part 2: validate as `kimi-nvfp4 validate` runs by default (amax baseline stream on, expert check capped).
-    step validate 540 python3 bench/bench_validate.py --device cuda --work-dir /tmp/kimi_bench --json "$out/validate_256x2048.json" \
-      --layers 2 --experts 384 --vocab-size 16384 --samples ${SAMPLES:-256} --seq-len 2048 --synth-device cuda \
-      ${LABEL:+--label "$LABEL"}
     ;;
   calibrate384)
     # One dense + one MoE layer with K2.6's real 384 experts, 64 x 2048 tokens.
