@@ -1,0 +1,26 @@
+"""The output-aware scale methods on K2.6-dimension expert matrices (bench_output_aware.py)."""
+
+from __future__ import annotations
+
+from .common import BlockContext, num, provenance, renderer, table
+
+INPUT_KINDS = {"gate_up": "gate/up (reads the hidden state, 7168 wide)", "down": "down (reads the SwiGLU output, 2048 wide)"}
+
+
+@renderer("output_aware_k26_matrices")
+def output_aware_k26_matrices(ctx: BlockContext) -> str:
+    """Per input kind and method: the held-out relative output error and its ratio to int4-aware and to amax, the
+    calibration-weighted error ratio the methods minimise, and seconds per matrix."""
+    rows = []
+    for r in ctx.results:
+        r.require("summary")
+        for kind, methods in r.data["summary"].items():
+            for method, m in methods.items():
+                rows.append([
+                    INPUT_KINDS.get(kind, kind), f"`{method}`", f"{m['held_out_relative_error']:.5f}",
+                    num(m["held_out_relative_error_vs_int4-aware"], 3), num(m["held_out_relative_error_vs_amax"], 3),
+                    num(m["weighted_error_dense_vs_int4-aware"], 3), num(m["seconds_per_matrix"], 2),
+                ])
+    headers = ["matrix", "method", "held-out relative output error", "vs int4-aware", "vs amax",
+               "calibration-weighted error vs int4-aware", "CPU s per matrix"]
+    return "\n\n".join([provenance(ctx), table(headers, rows)])
