@@ -192,6 +192,7 @@ def main() -> None:
         "command": "python bench/bench_accuracy_vs_modelopt.py " + " ".join(
             f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
             for k, v in vars(args).items() if k not in ("work_dir", "json")),
+        "device": f"cpu ({os.cpu_count()} cores)",
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "device": "cpu"},
         "model": "demo (kimi_nvfp4/assets/tiny_k2)",
         "settings": {"calibration": {"samples": args.samples, "seq_len": args.seq_len, "seed": calib_seed,
