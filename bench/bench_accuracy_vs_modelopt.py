@@ -12,7 +12,10 @@ Reference: the INT4 demo model (`Int4SourceWeights`). Rows:
   Optimizer's fused-experts exporter into a copy of the `amax` checkpoint (bench/modelopt_cpu/recipes.py).
 Every row is then measured the same way on the same held-out draws (`--seeds`): validate's KL mean / p99, top-1
 and perplexity ratio, W4A16 and W4A4 (SGLang's per-layer max input scales), bench/heldout_kl.py. A recipe that
-fails is recorded with its error, not dropped silently.
+fails is recorded with its error, not dropped silently; one whose exported weights are byte-identical to another
+recipe's is flagged (`weights_identical_to`: in 0.47 AWQ-lite does not visit fused experts, so it equals the
+default recipe). Defaults: the issue's 64 x 256 = 16k held-out tokens per draw, four draws; on the shared 2-core
+CPU the committed run uses 16 x 256 (bench_requantize_accuracy.py's settings).
 
     PYTHONPATH=. python bench/bench_accuracy_vs_modelopt.py --seeds 1 2 3 4 \\
         --json bench/results/accuracy_vs_modelopt_demo_cpu.json
