@@ -35,6 +35,38 @@ def _summary(rows: list[dict], method: str) -> dict:
     return out
 
 
+def prepare_method(method: str, work_dir: Path, data: str, calibration: dict) -> tuple[Path, dict | None]:
+    """The demo checkpoint converted with `method` and calibrated (`calibration`: calibrate_checkpoint's
+    keywords); act-diag / gptq: the int4-aware conversion calibrated with Hessian statistics (shared, made
+    once under `work_dir`), then requantized. Returns the folder and, for requantized methods, which
+    statistics were used."""
+    from kimi_nvfp4.calibrate import calibrate_checkpoint
+    from kimi_nvfp4.checkpoint.manifest import load_manifest
+    from kimi_nvfp4.convert import convert_checkpoint
+    from kimi_nvfp4.demo_model import DEMO_CHECKPOINT
+    from kimi_nvfp4.requantize import requantize_checkpoint
+
+    out = work_dir / method
+    shutil.rmtree(out, ignore_errors=True)
+    if method in ("amax", "int4-aware"):
+        convert_checkpoint(DEMO_CHECKPOINT, out, device="cpu", progress=False, method=method)
+        calibrate_checkpoint(out, DEMO_CHECKPOINT, data, **calibration)
+        return out, None
+    base = work_dir / "int4-aware+hessian"
+    if not base.exists():
+        convert_checkpoint(DEMO_CHECKPOINT, base, device="cpu", progress=False)
+        calibrate_checkpoint(base, DEMO_CHECKPOINT, data, expert_stats="hessian", **calibration)
+    shutil.copytree(base, out)
+    requantize_checkpoint(out, DEMO_CHECKPOINT, method=method, device="cpu", progress=False)
+    manifest = load_manifest(out)
+    record = manifest.stages["requantize"].outputs
+    return out, {"calibration": manifest.stages["calibrate"].outputs["expert_stats"] | {"files": None},
+                 "requantize": {s: sum(e["sources"].get(s, 0) for e in record["shards"].values())
+                                for s in ("expert-dense", "expert-diagonal", "shared-dense",
+                                          "shared-diagonal", "none")}
+                 | {"matrices_kept_search": sum(e["matrices_kept_search"] for e in record["shards"].values())}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work-dir", type=Path, default=Path("/tmp/kimi_nvfp4_requant"))
@@ -48,11 +80,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=Path("bench/results/requantize_accuracy_demo_cpu.json"))
     args = ap.parse_args()
 
-    from kimi_nvfp4.calibrate import calibrate_checkpoint
-    from kimi_nvfp4.checkpoint.manifest import load_manifest
-    from kimi_nvfp4.convert import convert_checkpoint
     from kimi_nvfp4.demo_model import DEMO_CHECKPOINT
-    from kimi_nvfp4.requantize import requantize_checkpoint
     from kimi_nvfp4.validate import validate_checkpoint
 
     calibration = dict(samples=args.samples, seq_len=args.seq_len, min_expert_tokens=args.min_expert_tokens,
@@ -60,27 +88,10 @@ def main() -> None:
     folders, seconds, stats = {}, {}, {}
     for method in args.methods:
         t0 = time.perf_counter()
-        out = args.work_dir / method
-        shutil.rmtree(out, ignore_errors=True)
-        if method in ("amax", "int4-aware"):
-            convert_checkpoint(DEMO_CHECKPOINT, out, device="cpu", progress=False, method=method)
-            calibrate_checkpoint(out, DEMO_CHECKPOINT, args.data, **calibration)
-        else:
-            base = args.work_dir / "int4-aware+hessian"
-            if not base.exists():
-                convert_checkpoint(DEMO_CHECKPOINT, base, device="cpu", progress=False)
-                calibrate_checkpoint(base, DEMO_CHECKPOINT, args.data, expert_stats="hessian", **calibration)
-            shutil.copytree(base, out)
-            requantize_checkpoint(out, DEMO_CHECKPOINT, method=method, device="cpu", progress=False)
-            manifest = load_manifest(out)
-            record = manifest.stages["requantize"].outputs
-            stats[method] = {"calibration": manifest.stages["calibrate"].outputs["expert_stats"] | {"files": None},
-                             "requantize": {s: sum(e["sources"].get(s, 0) for e in record["shards"].values())
-                                            for s in ("expert-dense", "expert-diagonal", "shared-dense",
-                                                      "shared-diagonal", "none")}
-                             | {"matrices_kept_search": sum(e["matrices_kept_search"]
-                                                            for e in record["shards"].values())}}
-        folders[method], seconds[method] = out, time.perf_counter() - t0
+        folders[method], found = prepare_method(method, args.work_dir, args.data, calibration)
+        if found is not None:
+            stats[method] = found
+        seconds[method] = time.perf_counter() - t0
 
     rows = []
     for method, out in folders.items():

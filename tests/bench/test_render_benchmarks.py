@@ -209,3 +209,31 @@ def test_shared_expert_bytes_arithmetic_matches_k26_dimensions():
     assert record["per_token_read_bytes_parts"]["lm_head_bf16"] == 163840 * 7168 * 2
     saved = record["per_token_read_bytes"]["bf16"] - record["per_token_read_bytes"]["nvfp4"]
     assert saved == record["shared_experts_bytes"]["bf16"] - record["shared_experts_bytes"]["nvfp4"]
+
+
+def _vs_modelopt_summary(row: str, kl16: float, kl4: float, best16: float, best4: float, met: bool | None) -> dict:
+    entry = lambda v: {"mean": v, "min": v * 0.9, "max": v * 1.1}  # noqa: E731
+    s = {"row": row, "seeds": [1, 2], "w4a16.kl_mean": entry(kl16), "w4a4.kl_mean": entry(kl4),
+         "w4a16.kl_p99": entry(0.1), "w4a16.top1": entry(0.95), "w4a4.top1": entry(0.93),
+         "ratio_to_best_modelopt": {"w4a16.kl_mean": {"ratio": kl16 / best16, "best": "modelopt:LH"},
+                                    "w4a4.kl_mean": {"ratio": kl4 / best4, "best": "modelopt:LH"}}}
+    if met is not None:
+        s["goal_kl_met"] = met
+    return s
+
+
+def test_vs_modelopt_renderer_shows_multiples_of_the_best_recipe_and_failed_or_inert_recipes():
+    data = {
+        "command": "python bench/bench_accuracy_vs_modelopt.py --seeds 1 2",
+        "settings": {"heldout": {"samples": 16, "seq_len": 256, "seeds": [1, 2]}, "goal_kl_ratio": 0.8},
+        "modelopt": {"LH": {"seconds": 1.0}, "AWQ": {"seconds": 1.0, "weights_identical_to": "DEFAULT"},
+                     "BAD": {"seconds": 1.0, "error": "RuntimeError: boom"}},
+        "summary": [_vs_modelopt_summary("gptq", 0.006, 0.02, 0.01, 0.025, True),
+                    _vs_modelopt_summary("modelopt:LH", 0.01, 0.025, 0.01, 0.025, None)],
+    }
+    text = REGISTRY["accuracy_vs_modelopt"](_context("accuracy_vs_modelopt", data))
+    assert "| `gptq` | 0.0060 (0.0054–0.0066) | 0.60x | 0.0200 (0.0180–0.0220) | 0.80x |" in text
+    assert "| Model Optimizer `LH` | 0.0100 (0.0090–0.0110) | 1.00x |" in text
+    assert "met by `gptq`" in text
+    assert "`BAD` failed on this model, no row: RuntimeError: boom" in text
+    assert "`AWQ` exported weights byte-identical to `DEFAULT`'s" in text

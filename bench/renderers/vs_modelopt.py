@@ -1,0 +1,63 @@
+"""Our scale methods against Model Optimizer's own NVFP4 recipes in one run (bench_accuracy_vs_modelopt.py): KL,
+top-1 and the multiple of the best Model Optimizer recipe, all taken within the one result file."""
+
+from __future__ import annotations
+
+from .common import MISSING, BenchmarkRenderError, BlockContext, num, provenance, renderer, table
+from .quality import _spread
+
+MODELOPT_PREFIX = "modelopt:"
+MODES = ("w4a16", "w4a4")
+
+
+def _name(row: str) -> str:
+    return f"Model Optimizer `{row[len(MODELOPT_PREFIX):]}`" if row.startswith(MODELOPT_PREFIX) else f"`{row}`"
+
+
+def _ratio(s: dict, key: str) -> str:
+    r = s.get("ratio_to_best_modelopt", {}).get(key)
+    return num(r["ratio"], 2, "x") if r else MISSING
+
+
+def _recipe_notes(records: dict) -> list[str]:
+    notes = []
+    for recipe, rec in records.items():
+        if "error" in rec:
+            notes.append(f"Model Optimizer `{recipe}` failed on this model, no row: {rec['error']}")
+        elif rec.get("weights_identical_to"):
+            notes.append(f"Model Optimizer `{recipe}` exported weights byte-identical to "
+                         f"`{rec['weights_identical_to']}`'s (its algorithm did not change the fused experts).")
+    return notes
+
+
+@renderer("accuracy_vs_modelopt")
+def accuracy_vs_modelopt(ctx: BlockContext) -> str:
+    parts = [provenance(ctx)]
+    for r in ctx.results:
+        r.require("summary", "settings", "modelopt")
+        summary = r.data["summary"]
+        if not isinstance(summary, list) or not summary:
+            raise BenchmarkRenderError(f"{r.path}: summary is not a non-empty list")
+        held = r.data["settings"].get("heldout", {})
+        best = {m: next((s["ratio_to_best_modelopt"][f"{m}.kl_mean"]["best"] for s in summary
+                         if "ratio_to_best_modelopt" in s), None) for m in MODES}
+        parts.append(
+            f"`{r.path}` — held-out draws (seeds) {', '.join(map(str, held.get('seeds', [])))} of "
+            f"{held.get('samples', MISSING)} × {held.get('seq_len', MISSING)} tokens; mean (min–max) over the draws; "
+            f"x best = multiple of the best Model Optimizer recipe's mean KL in this run (W4A16: "
+            f"{_name(best['w4a16']) if best['w4a16'] else MISSING}, W4A4: "
+            f"{_name(best['w4a4']) if best['w4a4'] else MISSING}):")
+        parts.append(table(
+            ["row", "KL W4A16", "x best", "KL W4A4", "x best", "KL p99 W4A16", "top-1 W4A16", "top-1 W4A4"],
+            [[_name(s["row"]), _spread(s["w4a16.kl_mean"], 4), _ratio(s, "w4a16.kl_mean"), _spread(s["w4a4.kl_mean"], 4),
+              _ratio(s, "w4a4.kl_mean"), num(s["w4a16.kl_p99"]["mean"], 3), num(s["w4a16.top1"]["mean"], 3),
+              num(s["w4a4.top1"]["mean"], 3)] for s in summary],
+        ))
+        goal = r.data["settings"].get("goal_kl_ratio")
+        met = [f"`{s['row']}`" for s in summary if s.get("goal_kl_met")]
+        ours = [s for s in summary if not s["row"].startswith(MODELOPT_PREFIX)]
+        if goal is not None and ours:
+            parts.append(f"Goal KL ≤ {goal}x the best Model Optimizer recipe in both modes: "
+                         + (f"met by {', '.join(met)}." if met else "met by none of our methods in this run."))
+        parts += _recipe_notes(r.data["modelopt"])
+    return "\n\n".join(parts)
