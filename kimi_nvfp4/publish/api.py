@@ -112,7 +112,7 @@ def publish_checkpoint(
     :param report_dir: where validate/serve-check wrote their reports (default: OUTPUT/reports, then the manifest).
     """
     opts = PublishOptions.build(options, overrides, "publish_checkpoint")
-    private, revision, dry_run, endpoint = opts.private, opts.revision, opts.dry_run, opts.endpoint
+    dry_run = opts.dry_run
     root = Path(output)
     check_repo_id(repo_id)
     # A real publish writes README.md and the manifest, and uploads what it verified: nothing else may write into
