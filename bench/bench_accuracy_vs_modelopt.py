@@ -28,7 +28,6 @@ import hashlib
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 import traceback
@@ -40,7 +39,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as `python bench/...`: make `bench` importable
     sys.path.insert(0, str(REPO_ROOT))
 
-from bench.bench_requantize_accuracy import prepare_method  # noqa: E402
+from bench.bench_requantize_accuracy import draw_spread, prepare_method  # noqa: E402
 from bench.heldout_kl import MODES, heldout_figures, heldout_sequences  # noqa: E402
 
 METRICS = ("kl_mean", "kl_p99", "top1", "ppl_ratio")
@@ -116,12 +115,7 @@ def summarize(rows: list[dict], names: list[str]) -> list[dict]:
     out = []
     for name in names:
         mine = [r for r in rows if r["row"] == name]
-        s = {"row": name, "seeds": [r["seed"] for r in mine]}
-        for mode in MODES:
-            for metric in METRICS:
-                values = [r[mode][metric] for r in mine]
-                s[f"{mode}.{metric}"] = {"mean": statistics.fmean(values), "min": min(values), "max": max(values)}
-        out.append(s)
+        out.append({"row": name, "seeds": [r["seed"] for r in mine], **draw_spread(mine, METRICS)})
     modelopt = [s for s in out if s["row"].startswith(MODELOPT_PREFIX)]
     for mode in MODES:
         for metric in ("kl_mean", "kl_p99"):

@@ -25,14 +25,19 @@ MODES = ("w4a16", "w4a4")
 METRICS = ("kl_mean", "kl_p99", "top1")
 
 
-def _summary(rows: list[dict], method: str) -> dict:
-    mine = [r for r in rows if r["method"] == method]
-    out = {"method": method, "seeds": [r["seed"] for r in mine]}
+def draw_spread(rows: list[dict], metrics: tuple[str, ...] = METRICS) -> dict:
+    """`{"<mode>.<metric>": {"mean", "min", "max"}}` over the held-out draws in `rows` (one row per draw)."""
+    out = {}
     for mode in MODES:
-        for metric in METRICS:
-            values = [r[mode][metric] for r in mine]
+        for metric in metrics:
+            values = [r[mode][metric] for r in rows]
             out[f"{mode}.{metric}"] = {"mean": statistics.fmean(values), "min": min(values), "max": max(values)}
     return out
+
+
+def _summary(rows: list[dict], method: str) -> dict:
+    mine = [r for r in rows if r["method"] == method]
+    return {"method": method, "seeds": [r["seed"] for r in mine], **draw_spread(mine)}
 
 
 def prepare_method(method: str, work_dir: Path, data: str, calibration: dict) -> tuple[Path, dict | None]:

@@ -3,8 +3,8 @@ top-1 and the multiple of the best Model Optimizer recipe, all taken within the 
 
 from __future__ import annotations
 
-from .common import MISSING, BenchmarkRenderError, BlockContext, num, provenance, renderer, table
-from .quality import _spread
+from .common import MISSING, BlockContext, num, provenance, renderer, table
+from .quality import _rows, _spread
 
 MODELOPT_PREFIX = "modelopt:"
 MODES = ("w4a16", "w4a4")
@@ -34,10 +34,8 @@ def _recipe_notes(records: dict) -> list[str]:
 def accuracy_vs_modelopt(ctx: BlockContext) -> str:
     parts = [provenance(ctx)]
     for r in ctx.results:
-        r.require("summary", "settings", "modelopt")
-        summary = r.data["summary"]
-        if not isinstance(summary, list) or not summary:
-            raise BenchmarkRenderError(f"{r.path}: summary is not a non-empty list")
+        r.require("settings", "modelopt")
+        summary = _rows(r, "summary")
         held = r.data["settings"].get("heldout", {})
         best = {m: next((s["ratio_to_best_modelopt"][f"{m}.kl_mean"]["best"] for s in summary
                          if "ratio_to_best_modelopt" in s), None) for m in MODES}

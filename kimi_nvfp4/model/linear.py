@@ -22,8 +22,6 @@ is row-local, so gathering rows of a quantized chunk is bit-identical to quantiz
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 from abc import ABC, abstractmethod
 from enum import Enum
 from typing import Any
@@ -31,13 +29,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..numerics.constants import INT4_GROUP_SIZE, INT4_PER_INT32
 from ..numerics.int4 import dequantize_int4
 from ..numerics.nvfp4 import (
     NVFP4Tensor,
     dequantize_nvfp4,
     fake_quantize_activation_nvfp4,
 )
+from ..numerics.triton_support import triton_module
 
 
 # On CUDA, W4A4 activations go through the fused Triton kernel (numerics/activation_kernel.py: the same bits in
@@ -50,32 +48,12 @@ USE_FUSED_ACTIVATIONS = True
 USE_FUSED_DEQUANTIZATION = True
 
 
-@functools.cache
-def _dequant_kernels():
-    """The fused dequantization kernels' module where Triton is installed, else None."""
-    if importlib.util.find_spec("triton") is None:
-        return None
-    from ..numerics import dequant_kernels
-
-    return dequant_kernels
-
-
 def _fused_dequant(device: torch.device, dtype: torch.dtype):
     """The fused kernels' module when they serve a matrix on `device` in `dtype`, else None."""
     if device.type != "cuda" or not USE_FUSED_DEQUANTIZATION:
         return None
-    kernels = _dequant_kernels()
+    kernels = triton_module("dequant_kernels")
     return kernels if kernels is not None and dtype in kernels.DEQUANT_DTYPES else None
-
-
-@functools.cache
-def _activation_kernel():
-    """The fused activation kernel's module where Triton is installed (CUDA builds of torch), else None."""
-    if importlib.util.find_spec("triton") is None:
-        return None
-    from ..numerics import activation_kernel
-
-    return activation_kernel
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -186,8 +164,7 @@ class Int4Linear(Linear):
 
     def _dequantize(self) -> torch.Tensor:
         kernels = _fused_dequant(self.weight_packed.device, self.dtype)
-        if kernels is not None and self.in_features % INT4_GROUP_SIZE == 0 \
-                and self.weight_packed.shape[1] * INT4_PER_INT32 == self.in_features:
+        if kernels is not None and kernels.int4_whole_groups(self.weight_packed, self.in_features):
             return kernels.dequantize_int4_fused(self.weight_packed, self.weight_scale, self.in_features, self.dtype)
         return dequantize_int4(self.weight_packed, self.weight_scale, self.in_features).to(self.dtype)
 
@@ -233,7 +210,7 @@ class NVFP4Linear(Linear):
     def quantize_input(self, x: torch.Tensor) -> torch.Tensor:
         if self.mode is ActivationMode.W4A16 or x.shape[0] == 0:
             return x
-        if x.is_cuda and USE_FUSED_ACTIVATIONS and (kernel := _activation_kernel()) is not None:
+        if x.is_cuda and USE_FUSED_ACTIVATIONS and (kernel := triton_module("activation_kernel")) is not None:
             if x.dtype in kernel.FUSED_DTYPES:
                 return kernel.fake_quantize_activation_fused(x, self.input_scale)
         # fp32 rounding steps, then back to the compute dtype (bf16 when emulating the bf16 server:

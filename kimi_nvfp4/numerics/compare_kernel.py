@@ -21,10 +21,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .constants import INT4_GROUP_SIZE, NVFP4_BLOCK_SIZE
-from .dequant_kernels import int4_block_values, nvfp4_block_values
+from .constants import INT4_PER_INT32, NVFP4_BLOCK_SIZE
+from .dequant_kernels import int4_block_values, int4_whole_groups, nvfp4_block_values
 
-__all__ = ["PARTIAL_FIELDS", "compare_partials", "reduce_partials"]
+__all__ = ["PARTIAL_FIELDS", "compare_partials", "int4_whole_groups", "reduce_partials"]
 
 _BLOCKS_PER_PROGRAM = 128
 _COMPILE = {"enable_fp_fusion": False, "num_warps": 4}
@@ -59,8 +59,8 @@ def compare_partials(
     int32 `[out, in/8]`, `weight_scale` `[out, in/32]`) with an NVFP4 one (`weight` uint8 `[out, in/2]`, E4M3
     `weight_scale` `[out, in/16]`, fp32 `weight_scale_2`), all on one device. `in` must be a multiple of 32."""
     rows, words = weight_packed.shape
-    in_features = words * 8
-    if in_features % INT4_GROUP_SIZE or tuple(nvfp4_weight.shape) != (rows, in_features // 2):
+    in_features = words * INT4_PER_INT32
+    if not int4_whole_groups(weight_packed, in_features) or tuple(nvfp4_weight.shape) != (rows, in_features // 2):
         raise ValueError(f"cannot compare INT4 {tuple(weight_packed.shape)} words with NVFP4 {tuple(nvfp4_weight.shape)}")
     if tuple(nvfp4_block_scale.shape) != (rows, in_features // NVFP4_BLOCK_SIZE):
         raise ValueError(f"NVFP4 block scales {tuple(nvfp4_block_scale.shape)} do not fit a [{rows}, {in_features}] matrix")

@@ -23,13 +23,18 @@ from .constants import INT4_GROUP_SIZE, INT4_PER_INT32, NVFP4_BLOCK_SIZE
 from .methods.search.triton_kernels import _e2m1_value, _e4m3_value
 from .nvfp4 import NVFP4Tensor
 
-__all__ = ["DEQUANT_DTYPES", "dequantize_int4_fused", "dequantize_nvfp4_fused"]
+__all__ = ["DEQUANT_DTYPES", "dequantize_int4_fused", "dequantize_nvfp4_fused", "int4_whole_groups"]
 
 _BLOCKS_PER_PROGRAM = 128
 _COMPILE = {"enable_fp_fusion": False, "num_warps": 4}
 DEQUANT_DTYPES = (torch.bfloat16, torch.float32)
 _INT4_OFFSET = tl.constexpr(8)
 _E4M3_NAN_BITS = tl.constexpr(0x7F)
+
+
+def int4_whole_groups(weight_packed: torch.Tensor, in_features: int) -> bool:
+    """Whether the kernels read this INT4 matrix: rows of whole 32-groups, so whole int32 words and no padding."""
+    return in_features % INT4_GROUP_SIZE == 0 and weight_packed.shape[-1] * INT4_PER_INT32 == in_features
 
 
 @triton.jit
@@ -110,8 +115,8 @@ def dequantize_nvfp4_fused(t: NVFP4Tensor, dtype: torch.dtype) -> torch.Tensor:
 def dequantize_int4_fused(weight_packed: torch.Tensor, weight_scale: torch.Tensor, in_features: int,
                           dtype: torch.dtype) -> torch.Tensor:
     """`dequantize_int4(...).to(dtype)` in one kernel, for rows of whole 32-groups (`in_features % 32 == 0`)."""
-    rows, words = weight_packed.shape
-    if dtype not in DEQUANT_DTYPES or in_features % INT4_GROUP_SIZE or words * INT4_PER_INT32 != in_features:
+    rows = weight_packed.shape[0]
+    if dtype not in DEQUANT_DTYPES or not int4_whole_groups(weight_packed, in_features):
         raise ValueError(f"the fused INT4 dequantization takes whole 32-groups in {DEQUANT_DTYPES}")
     out = torch.empty(rows, in_features, dtype=dtype, device=weight_packed.device)
     _launch(_int4_kernel, out, weight_packed.contiguous(), weight_scale.contiguous())

@@ -8,9 +8,7 @@ as error here, not just as a structural finding.
 
 from __future__ import annotations
 
-import functools
 import heapq
-import importlib.util
 from dataclasses import dataclass
 
 import torch
@@ -22,10 +20,10 @@ from ..distributed import RankContext
 from ..errors import CheckpointError
 from ..model.layer_weights import LayerWeights, MLPWeights, MoEWeights
 from ..model.linear import Int4Linear, NVFP4Linear
-from ..numerics.constants import INT4_GROUP_SIZE
 from ..numerics.methods import Int4Matrix, MatrixErrorStats
 from ..numerics.methods.stats import error_sums, stats_from_sums
 from ..numerics.nvfp4 import NVFP4Tensor
+from ..numerics.triton_support import triton_module
 
 WORST_MATRICES = 10
 # On CUDA the loaded-layer check runs the fused kernel (numerics/compare_kernel.py); False: `error_sums` per matrix.
@@ -85,32 +83,22 @@ class PendingComparison:
     partial: torch.Tensor | None = None  # or the fused kernel's per-program partial sums (`compare_kernel`)
 
 
-@functools.cache
-def _compare_kernel():
-    """The fused weight-check kernel's module where Triton is installed (CUDA builds of torch), else None."""
-    if importlib.util.find_spec("triton") is None:
-        return None
-    from ..numerics import compare_kernel
-
-    return compare_kernel
-
-
-def _comparison(module: str, layer: int, expert: int, proj: str, m: Int4Matrix, q: NVFP4Tensor, where: str):
-    n_out, n_in = m.codes.shape
+def _check_nvfp4_shape(module: str, q: NVFP4Tensor, n_out: int, n_in: int, where: str) -> None:
     if tuple(q.weight.shape) != (n_out, n_in // 2):
         raise CheckpointError(
             f"NVFP4 weight is {list(q.weight.shape)}, expected {[n_out, n_in // 2]}", file=where, tensor=f"{module}.weight"
         )
+
+
+def _comparison(module: str, layer: int, expert: int, proj: str, m: Int4Matrix, q: NVFP4Tensor, where: str):
+    _check_nvfp4_shape(module, q, *m.codes.shape, where)
     return PendingComparison(module, layer, expert, proj, m.codes.numel(), error_sums(m, q))
 
 
 def _fused_comparison(kernel, module: str, layer: int, expert: int, proj: str, src: Int4Linear, q: NVFP4Tensor,
                       where: str) -> PendingComparison:
     n_out, n_in = src.out_features, src.in_features
-    if tuple(q.weight.shape) != (n_out, n_in // 2):
-        raise CheckpointError(
-            f"NVFP4 weight is {list(q.weight.shape)}, expected {[n_out, n_in // 2]}", file=where, tensor=f"{module}.weight"
-        )
+    _check_nvfp4_shape(module, q, n_out, n_in, where)
     partial = kernel.compare_partials(src.weight_packed, src.weight_scale, q.weight, q.weight_scale, q.weight_scale_2)
     return PendingComparison(module, layer, expert, proj, n_out * n_in, partial=partial)
 
@@ -123,7 +111,7 @@ def resolve_comparisons(
     if not pending:
         return dict(found)
     fused = [p.partial for p in pending if p.partial is not None]
-    fused_sums = iter(_compare_kernel().reduce_partials(fused)) if fused else iter(())
+    fused_sums = iter(triton_module("compare_kernel").reduce_partials(fused)) if fused else iter(())
     device = (fused[0] if fused else pending[0].sums).device
     sums = torch.stack([next(fused_sums) if p.partial is not None else p.sums.to(device) for p in pending])
     values = iter(sums.cpu().tolist())
@@ -189,9 +177,8 @@ def compare_loaded_expert(
         elif proj == "up_proj" and gate_scale_2 is not None:
             scale_2 = gate_scale_2  # served with gate's (see the module docstring)
         q = NVFP4Tensor(weight=dst.tensor.weight, weight_scale=dst.tensor.weight_scale, weight_scale_2=scale_2)
-        kernel = _compare_kernel() if src.weight_packed.is_cuda and USE_FUSED_WEIGHT_CHECK else None
-        whole_words = src.in_features % INT4_GROUP_SIZE == 0 and src.weight_packed.shape[1] * 8 == src.in_features
-        if kernel is not None and whole_words:
+        kernel = triton_module("compare_kernel") if src.weight_packed.is_cuda and USE_FUSED_WEIGHT_CHECK else None
+        if kernel is not None and kernel.int4_whole_groups(src.weight_packed, src.in_features):
             out.append(_fused_comparison(kernel, module_of(proj), layer, expert, proj, src, q, where))
             continue
         m = Int4Matrix.from_packed(src.weight_packed, src.weight_scale, src.in_features)

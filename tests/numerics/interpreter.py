@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-requires_triton = pytest.mark.skipif(
-    importlib.util.find_spec("triton") is None, reason="Triton is not installed (it comes with CUDA builds of torch)"
-)
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+requires_triton = pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed (it comes with CUDA builds of torch)")
 
 
 def run_under_interpreter(module: str, timeout: int = 600) -> str:

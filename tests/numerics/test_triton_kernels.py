@@ -7,12 +7,6 @@ interpreter is chosen when kernels are defined, so it cannot be switched on insi
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -22,20 +16,13 @@ from kimi_nvfp4.numerics.methods.search.group import choose_path
 from kimi_nvfp4.numerics.methods.search.rule import AmaxFractionTarget, CandidateRule, EveryE4M3Scale
 
 from . import triton_checks
-
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-requires_triton = pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed (it comes with CUDA builds of torch)")
+from .interpreter import HAS_TRITON, requires_triton, run_under_interpreter
 
 
 @requires_triton
 def test_kernels_match_the_reference_under_the_triton_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    run = subprocess.run(
-        [sys.executable, "-m", "tests.numerics.triton_checks"], env=env, capture_output=True, text=True, timeout=600,
-        cwd=Path(__file__).resolve().parents[2],
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    roundings, matrices = map(int, run.stdout.split()[-2:])
+    out = run_under_interpreter("tests.numerics.triton_checks")
+    roundings, matrices = map(int, out.split()[-2:])
     assert roundings > 20000 and matrices == 8
 
 

@@ -21,7 +21,6 @@ comparison is a device bool and the selection a `torch.where`, so no path reads 
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -29,6 +28,7 @@ from enum import Enum
 import torch
 
 from ...nvfp4 import NVFP4Tensor, tensor_scales_from_amax
+from ...triton_support import triton_module
 from ..int4_matrix import Int4Matrix
 from ..stats import error_sums
 from .cpu_search import KeyTable, key_bits
@@ -65,11 +65,7 @@ class BlockSearch:
 
 def _triton_kernels():
     """The Triton kernels module, or None where Triton is not installed (e.g. CPU-only installs)."""
-    if importlib.util.find_spec("triton") is None:
-        return None
-    from . import triton_kernels
-
-    return triton_kernels
+    return triton_module("methods.search.triton_kernels")
 
 
 def choose_path(mats: Sequence[Int4Matrix], search: BlockSearch, requested: SearchPath | None = None) -> SearchPath:
