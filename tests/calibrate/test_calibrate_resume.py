@@ -17,7 +17,10 @@ from kimi_nvfp4.model import weights as model_weights
 from kimi_nvfp4.stage_kit import resume as resume_module
 from kimi_nvfp4.stage_kit.resume import RECORD_NAME, RESUME_DIR
 
-OPTIONS = dict(samples=4, seq_len=48, device="cpu", progress=False, resume_every=1, expert_stats="diag")
+# snapshots on every layer whatever the tiny model's layers cost next to a snapshot's fsync (the cap has its own tests)
+NO_OVERHEAD_CAP = 1e6
+OPTIONS = dict(samples=4, seq_len=48, device="cpu", progress=False, resume_every=1, expert_stats="diag",
+               resume_max_overhead=NO_OVERHEAD_CAP)
 INJECTED = "injected failure"
 FAIL_AT = 2  # the tiny model has 3 layers: killed while loading the last one, after snapshots of layers 0 and 1
 
@@ -126,7 +129,7 @@ def test_the_command_takes_resume_every(converted_pair, loads):
 
     src, out = converted_pair
     args = [str(out), "--source", str(src), "--data", "sample", "--samples", "4", "--seq-len", "48", "--device", "cpu",
-            "--no-progress", "--resume-every", "1"]
+            "--no-progress", "--resume-every", "1", "--resume-max-overhead", str(NO_OVERHEAD_CAP)]
     loads.fail_at = FAIL_AT
     killed = CliRunner().invoke(calibrate_command, args)
     assert killed.exit_code != 0 and (out / RESUME_DIR / "calibrate" / RECORD_NAME).is_file()

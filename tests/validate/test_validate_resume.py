@@ -16,7 +16,10 @@ from kimi_nvfp4.validate import api as validate_api
 from kimi_nvfp4.validate.api import validate_checkpoint
 
 # baseline on: every stream the snapshot carries (INT4, W4A4, W4A16, amax baseline)
+# snapshots on every layer whatever the tiny model's layers cost next to a snapshot's fsync (the cap has its own tests)
+NO_OVERHEAD_CAP = 1e6
 OPTIONS = dict(samples=4, seq_len=48, device="cpu", progress=False, resume_every=1, record_in_manifest=False,
+               resume_max_overhead=NO_OVERHEAD_CAP,
                baseline="on")
 INJECTED = "injected failure"
 FAIL_AT = 2  # the tiny model has 3 layers
