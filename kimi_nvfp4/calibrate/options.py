@@ -7,7 +7,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
-from ..stage_kit.resume import DEFAULT_RESUME_EVERY, DEFAULT_RESUME_MAX_OVERHEAD
+from ..stage_kit.resume import resume_every_field, resume_max_overhead_field
 from ..stage_options import Cli, StageOptions, device_name
 from .expert_stats import ExpertStatsMode
 from .policy import DEFAULT_EXPERT_POLICY, DEFAULT_MIN_EXPERT_TOKENS, ExpertPolicy
@@ -39,15 +39,8 @@ class CalibrateOptions(StageOptions):
     max_chunk_tokens: int | None = Field(None, ge=1, description="Tokens per MLP/MoE chunk (memory/speed trade-off).")
     states_device: str | None = Field(
         None, description="Keep hidden states here (e.g. cpu) when they do not fit the GPU.")
-    resume_every: int = Field(
-        DEFAULT_RESUME_EVERY, ge=0,
-        description="Snapshot the run every N layers under OUTPUT/.kimi_nvfp4_resume, so that a killed run "
-                    "continues from the last snapshot (a matching one is always used); 0: none. Each costs 15 GB per "
-                    "hidden-state stream at K2.6 scale (512 x 2048 tokens).")
-    resume_max_overhead: float = Field(
-        DEFAULT_RESUME_MAX_OVERHEAD, gt=0,
-        description="Skip a due snapshot while the snapshots would take more than this fraction of the run's time "
-                    "so far (measured from the first snapshot's write time; a slow disk then snapshots less often).")
+    resume_every: int = resume_every_field("OUTPUT")
+    resume_max_overhead: float = resume_max_overhead_field()
     expert_stats: ExpertStatsMode = Field(
         ExpertStatsMode.NONE, description="Also record each routed expert's input statistics for `requantize` "
                                           "(OUTPUT/calibration/expert_stats/): diag = channel energies (act-diag), "
