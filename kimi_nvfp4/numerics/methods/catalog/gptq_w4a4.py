@@ -66,7 +66,8 @@ def refine_served(items: Sequence[RefineInput]) -> list[list[NVFP4Tensor]]:
         tensors, start = [], 0
         for m in item.matrices:
             rows = slice(start, start + m.shape[0])
-            tensors.append(NVFP4Tensor(pack_e2m1(codes[e, rows]), bits[e, rows].view(torch.float8_e4m3fn), scale_2[e]))
+            block_scales = bits[e, rows].view(torch.float8_e4m3fn)
+            tensors.append(NVFP4Tensor(pack_e2m1(codes[e, rows]), block_scales, scale_2[e]))
             start += m.shape[0]
         out.append(tensors)
     return out

@@ -243,8 +243,8 @@ class InputStatsAccumulator:
         if self.sum_outer is None or not self.tokens:
             return ExpertInputStats(self.tokens, self.sum_squares * scale, quantized=quantized)
         norm_fourth, fourth_power = (self.sum_fourth * scale).tolist()
-        return ExpertInputStats(self.tokens, self.sum_squares * scale, self.sum_outer * scale, norm_fourth, fourth_power,
-                                quantized)
+        return ExpertInputStats(self.tokens, self.sum_squares * scale, self.sum_outer * scale, norm_fourth,
+                                fourth_power, quantized)
 
     def sums(self) -> list[torch.Tensor]:
         """Every running sum, in a fixed order (what `combine_ranks` adds over ranks)."""
