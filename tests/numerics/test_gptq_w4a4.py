@@ -1,7 +1,7 @@
-"""`gptq-w4a4` (`catalog/gptq_w4a4.py`, `output_aware/served_target.py`): the Wiener target and the GPTQ loop
-against a straightforward fp64 reference written here, the W4A4 output error it is guarded with against a direct
-mean over rows, and on random matrices with outlier channels and NVFP4-quantized inputs a held-out W4A4 error
-never larger than gptq's."""
+"""`gptq-w4a4` and `gptq-w4a4-diag` (`catalog/gptq_w4a4*.py`, `output_aware/served_target.py`): the Wiener target
+and the GPTQ loop against a straightforward fp64 reference written here, the W4A4 output error they are guarded
+with against a direct mean over rows, and on random matrices with outlier channels and NVFP4-quantized inputs a
+held-out W4A4 error never larger than gptq's."""
 
 from __future__ import annotations
 
@@ -100,7 +100,8 @@ def test_served_target_is_the_closed_form_wiener_filter():
     torch.testing.assert_close(got, w * (cross.diagonal() + d) / (h_q.diagonal() + d))
 
 
-def test_gptq_w4a4_equals_the_reference_on_the_wiener_target():
+@pytest.mark.parametrize("dense_target", [True, False], ids=["gptq-w4a4", "gptq-w4a4-diag"])
+def test_gptq_w4a4_equals_the_reference_on_the_wiener_target(dense_target):
     m = realistic_int4(5, 64, seed=6, row_spread=1.0)
     rows = heavy_tailed_rows(300, 64, seed=7).double()
     stats = _stats(rows, _scale_of(rows))
@@ -112,9 +113,13 @@ def test_gptq_w4a4_equals_the_reference_on_the_wiener_target():
     h_q, cross = (((1 - shrink) * t + shrink * torch.diag(t.diagonal())) for t in (stats.quantized.hessian,
                                                                                    stats.quantized.cross))
     w = m.values().double()
-    target = w + w @ (cross - h_q) @ torch.linalg.inv(_dampened(h_q))
+    if dense_target:
+        target = w + w @ (cross - h_q) @ torch.linalg.inv(_dampened(h_q))
+    else:  # each channel's own gain (C_jj + d) / (H~_jj + d), d the damping of diag(H~)
+        d = HESSIAN_DAMPING * float(h_q.diagonal().mean())
+        target = w * (cross.diagonal() + d) / (h_q.diagonal() + d)
     want_codes, want_bits = reference_gptq(target, h_q, search.weight_scale_2, search.weight_scale.view(torch.uint8))
-    (got,) = refine_served([RefineInput([m], [search], stats)])[0]
+    (got,) = refine_served([RefineInput([m], [search], stats)], dense_target=dense_target)[0]
     assert torch.equal(got.weight_scale.view(torch.uint8), want_bits)
     assert torch.equal(got.weight, pack_e2m1(want_codes))
     assert torch.equal(got.weight_scale_2, search.weight_scale_2)
@@ -129,8 +134,9 @@ def test_gptq_w4a4_refuses_statistics_without_the_quantized_inputs():
         requantize_experts("gptq-w4a4", [expert])
 
 
+@pytest.mark.parametrize("method", ["gptq-w4a4", "gptq-w4a4-diag"])
 @pytest.mark.parametrize("seed", [10, 20, 30])
-def test_held_out_w4a4_error_is_not_larger_than_gptqs(seed):
+def test_held_out_w4a4_error_is_not_larger_than_gptqs(seed, method):
     """Random gate/up-like matrices, inputs with outlier channels quantized as the kernel does with a static
     scale from the calibration rows; calibration and held-out rows from one distribution (one draw, split)."""
     gate, up = realistic_int4(32, 256, seed=seed), realistic_int4(32, 256, seed=seed + 1, row_spread=1.0)
@@ -140,7 +146,7 @@ def test_held_out_w4a4_error_is_not_larger_than_gptqs(seed):
     stats = _stats(calibration, scale)
     plain = InputStatsAccumulator(256, dense=True)
     plain.add(calibration)
-    served = requantize_experts("gptq-w4a4", [ExpertMatrices("e.gate_up", [gate, up], stats)]).experts[0]
+    served = requantize_experts(method, [ExpertMatrices("e.gate_up", [gate, up], stats)]).experts[0]
     gptq = requantize_experts("gptq", [ExpertMatrices("e.gate_up", [gate, up], plain.stats())]).experts[0]
     assert served.source is StatisticsSource.EXPERT_DENSE and served.kept_search == [False, False]
     x_q = _served(held_out, scale)

@@ -49,15 +49,25 @@ def served_moments(item: RefineInput) -> tuple[torch.Tensor, torch.Tensor]:
     return _toward_diagonal(quantized.hessian, weight), _toward_diagonal(quantized.cross, weight)
 
 
-def refine_served(items: Sequence[RefineInput]) -> list[list[NVFP4Tensor]]:
-    """GPTQ on `W C H~^-1` with Hessian H~ for one batch of experts (same shapes; dense or diagonal statistics)."""
+def refine_served(items: Sequence[RefineInput], *, dense_target: bool = True) -> list[list[NVFP4Tensor]]:
+    """GPTQ on `W C H~^-1` with Hessian H~ for one batch of experts (same shapes; dense or diagonal statistics).
+
+    :param dense_target: the Wiener target from the dense C and H~ (True), or from their diagonals only, each
+        column's own gain `(C_jj + d) / (H~_jj + d)`, the solver still running on the dense H~ (`gptq-w4a4-diag`).
+    """
     if not items:
         return []
     weight = torch.stack([torch.cat([m.values() for m in item.matrices]).double() for item in items])
     moments = [served_moments(item) for item in items]
     hessian = torch.stack([h for h, _ in moments]).to(weight.device)
     cross = torch.stack([c for _, c in moments]).to(weight.device)
-    target = served_target(weight, cross, hessian)
+    if dense_target:
+        target = served_target(weight, cross, hessian)
+    else:
+        def diagonal(t):
+            return torch.diag_embed(t.diagonal(dim1=-2, dim2=-1))
+
+        target = served_target(weight, diagonal(cross), diagonal(hessian))
     scale_2 = torch.stack([item.search[0].weight_scale_2 for item in items])
     search_bits = torch.stack([torch.cat([q.weight_scale.view(torch.uint8) for q in item.search]) for item in items])
     codes, bits, _ = gptq_quantize(target, hessian, scale_2, search_bits)
