@@ -31,7 +31,7 @@ COMMANDS: tuple[Command, ...] = (
             "Write static activation scales (input_scale) from coding-agent sessions.",
             stage="kimi_nvfp4.pipeline.stages.calibrate:CalibrateStage"),
     Command("requantize", "kimi_nvfp4.requantize.cli:requantize_command",
-            "Rewrite the routed experts with an output-aware method (act-diag, gptq, gptq-w4a4) from calibration "
+            "Rewrite the routed experts with an output-aware method (act-diag, gptq, gptq-w4a4[-diag]) from calibration "
             "statistics.",
             stage="kimi_nvfp4.pipeline.stages.requantize:RequantizeStage"),
     Command("validate", "kimi_nvfp4.validate.cli:validate_command",

@@ -28,7 +28,7 @@ STATS_MODES_FOR = {
 OutputAwareMethod = Enum(
     "OutputAwareMethod", {n.upper().replace("-", "_"): n for n in OUTPUT_AWARE_METHODS}, type=str
 )
-OutputAwareMethod.__doc__ = "Scale methods that need calibration statistics ('act-diag', 'gptq', 'gptq-w4a4')."
+OutputAwareMethod.__doc__ = "Scale methods that need calibration statistics ('act-diag', 'gptq', 'gptq-w4a4', ...)."
 
 
 def expert_stats_mode_for(method: str) -> ExpertStatsMode:
@@ -40,7 +40,7 @@ class RequantizeOptions(StageOptions):
     method: OutputAwareMethod = Field(
         OutputAwareMethod(DEFAULT_REQUANTIZE_METHOD), description="Output-aware scale method for the routed experts (act-diag needs "
                                                "calibrate --expert-stats diag or hessian, gptq needs hessian, "
-                                               "gptq-w4a4 needs w4a4).")
+                                               "gptq-w4a4 and gptq-w4a4-diag need w4a4).")
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N (where the methods run).")
     batch_experts: int = Field(BATCH_EXPERTS, ge=1, description="Experts refined together (GPTQ batches them).")
     recalibrate: Annotated[bool, Cli("--recalibrate/--no-recalibrate")] = Field(
