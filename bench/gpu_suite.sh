@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the GPU tests and GPU benchmarks on one H200 (the device tool's machine), part by part,
 # each bounded by its own timeout so one slow step cannot eat the whole call.
-# Usage (from the repo root): bash bench/gpu_suite.sh PART OUTDIR   (PART: tests | kernels | e2e | final3 | calibrate384 | spy | knobs | convert | final | calibrate | stages)
+# Usage (from the repo root): bash bench/gpu_suite.sh PART OUTDIR   (PART: session7 | model13s6 | tests | kernels | e2e | final3 | calibrate384 | spy | knobs | convert | final | calibrate | stages)
 set -u
 part=$1; out=${2:-/tmp/gpu_suite}; mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -84,6 +84,17 @@ case $part in
     step validate 240 python3 bench/bench_validate.py --device cuda --work-dir /tmp/kimi_bench --json "$out/validate_256x2048.json" \
       --layers 2 --experts 384 --vocab-size 16384 --samples ${SAMPLES:-256} --seq-len 2048 --synth-device cuda \
       ${LABEL:+--label "validate_$LABEL"}
+    ;;
+  session7)
+    # Session 7 (#13): every GPU test of the model stages (the kill/resume tests on CUDA included), one resume
+    # snapshot's write/read rate at K2.6 width, then calibrate at K2.6 dims (384 experts, 256 x 2048 tokens).
+    step gpu_tests 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/numerics tests/convert tests/synth tests/model \
+      tests/calibrate tests/validate
+    step snapshot 150 python3 bench/bench_resume_snapshot.py --device cuda --folder /tmp/kimi_snapshot --streams 2 \
+      --samples ${SNAPSHOT_SAMPLES:-128} --json "$out/resume_snapshot.json"
+    step calibrate 200 python3 bench/bench_calibrate.py --device cuda --work-dir /tmp/kimi_bench --json "$out/calibrate_256x2048.json" \
+      --layers 2 --experts 384 --vocab-size 16384 --samples ${SAMPLES:-256} --seq-len 2048 --synth-device cuda \
+      ${LABEL:+--label "calibrate_$LABEL"}
     ;;
   calibrate384)
     # One dense + one MoE layer with K2.6's real 384 experts, 64 x 2048 tokens.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .common import (
+    MISSING,
     BenchmarkRenderError,
     BlockContext,
     ResultFile,
@@ -166,4 +167,23 @@ def stage_phase_seconds(ctx: BlockContext) -> str:
         rows.append([f"`{r.label}`", str(i), num(d["layer_seconds"][i]),
                      ", ".join(f"{name} {value:.2f}" for name, value in phases.items())])
     headers = ["run", "layer", "layer s", "phases, s (in order)"]
+    return "\n\n".join([provenance(ctx), table(headers, rows)])
+
+
+@renderer("resume_snapshot")
+def resume_snapshot(ctx: BlockContext) -> str:
+    """Write and read rates of one resume snapshot (bench_resume_snapshot.py) and the K2.6 snapshot times they
+    project (labelled as projections)."""
+    rows = []
+    for r in ctx.results:
+        r.require("snapshot_bytes", "write_gb_per_s", "read_gb_per_s", "read_back_identical",
+                  "projected_k26_validate_snapshot_seconds", "projected_k26_calibrate_snapshot_seconds")
+        d = r.data
+        rows.append([
+            f"`{r.label}`", str(d.get("device", MISSING)), num(d["snapshot_bytes"] / 1e9), num(d["write_gb_per_s"]),
+            num(d["read_gb_per_s"]), "yes" if d["read_back_identical"] else "**no**",
+            num(d["projected_k26_validate_snapshot_seconds"]), num(d["projected_k26_calibrate_snapshot_seconds"]),
+        ])
+    headers = ["run", "device", "snapshot GB", "write GB/s (fsync'd)", "read GB/s (page cache)", "read back identical",
+               "*projected* K2.6 validate snapshot s (4 streams)", "*projected* K2.6 calibrate snapshot s"]
     return "\n\n".join([provenance(ctx), table(headers, rows)])

@@ -347,7 +347,8 @@ def calibrate_checkpoint(
         max_chunk_tokens = CUDA_CHUNK_TOKENS if dev.type == "cuda" else DEFAULT_MAX_CHUNK_TOKENS
     resume = ResumeStore(output, CALIBRATE_STAGE, ctx, calibration_fingerprint(
         out_reader, ctx, data, mine, opts, device=dev, dtype=compute_dtype, max_chunk_tokens=max_chunk_tokens,
-        stats_dir=stats_dir, kv_cache=kv_fp8), every=opts.resume_every)
+        stats_dir=stats_dir, kv_cache=kv_fp8), every=opts.resume_every,
+        max_overhead=opts.resume_max_overhead)
     run = run_calibration(
         out_reader, mine, policy=policy, min_expert_tokens=min_expert_tokens, device=dev,
         max_chunk_tokens=max_chunk_tokens, states_device=states_device, stats_dir=stats_dir,

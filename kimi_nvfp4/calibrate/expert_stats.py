@@ -176,5 +176,11 @@ class CollectorWithExpertStats:
         self.collector.on_linear(layer, module, x, y, expert=expert, routed=routed)
         self.experts.on_linear(layer, module, x, y, expert=expert, routed=routed)
 
+    def on_expert_rows(self, layer, rows, spans, modules, n_experts) -> None:
+        self.collector.on_expert_rows(layer, rows, spans, modules, n_experts)
+        for (e, a, b), names in zip(spans, modules):
+            for name in names:
+                self.experts.on_linear(layer, name, rows[a:b], None, expert=e)
+
     def on_router(self, layer, topk_ids, topk_weights, n_experts=None) -> None:
         self.collector.on_router(layer, topk_ids, topk_weights, n_experts)

@@ -7,7 +7,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
-from ..stage_kit.resume import DEFAULT_RESUME_EVERY
+from ..stage_kit.resume import DEFAULT_RESUME_EVERY, DEFAULT_RESUME_MAX_OVERHEAD
 from ..stage_options import Cli, StageOptions, device_name
 from .expert_stats import ExpertStatsMode
 from .policy import DEFAULT_EXPERT_POLICY, DEFAULT_MIN_EXPERT_TOKENS, ExpertPolicy
@@ -44,6 +44,10 @@ class CalibrateOptions(StageOptions):
         description="Snapshot the run every N layers under OUTPUT/.kimi_nvfp4_resume, so that a killed run "
                     "continues from the last snapshot (a matching one is always used); 0: none. Each costs 15 GB per "
                     "hidden-state stream at K2.6 scale (512 x 2048 tokens).")
+    resume_max_overhead: float = Field(
+        DEFAULT_RESUME_MAX_OVERHEAD, gt=0,
+        description="Skip a due snapshot while the snapshots would take more than this fraction of the run's time "
+                    "so far (measured from the first snapshot's write time; a slow disk then snapshots less often).")
     expert_stats: ExpertStatsMode = Field(
         ExpertStatsMode.NONE, description="Also record each routed expert's input statistics for `requantize` "
                                           "(OUTPUT/calibration/expert_stats/): diag = channel energies (act-diag), "

@@ -7,7 +7,10 @@ later activation-aware scale methods) and the token count. `ActivationCollector`
 statistics-only `route-all` passes from the tokens the router really sent.
 
 Everything stays on the device the model runs on until the layer is finished: no per-chunk
-host synchronisation.
+host synchronisation. The routed experts' inputs arrive as one expert-sorted buffer per chunk
+(`on_expert_rows`, model/moe.py's sorted path): their statistics are taken for all experts at once
+(`numerics/segment_stats_kernel.py` on CUDA) into stacked per-layer sums, `ExpertBank`, which become
+per-expert `ActivationStats` entries when `routed` is read.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+
+from ..numerics.triton_support import triton_module
 
 
 @dataclass
@@ -33,12 +38,14 @@ class ActivationStats:
     in_features: int
     device: torch.device | str = "cpu"
     tokens: int = 0
-    amax: torch.Tensor = field(init=False)  # fp32 0-d, max |x| seen
-    sum_sq: torch.Tensor = field(init=False)  # fp64 [in_features], sum over tokens of x^2
+    amax: torch.Tensor | None = None  # fp32 0-d, max |x| seen (zero when not given)
+    sum_sq: torch.Tensor | None = None  # fp64 [in_features], sum over tokens of x^2 (zeros when not given)
 
     def __post_init__(self) -> None:
-        self.amax = torch.zeros((), dtype=torch.float32, device=self.device)
-        self.sum_sq = torch.zeros(self.in_features, dtype=torch.float64, device=self.device)
+        if self.amax is None:
+            self.amax = torch.zeros((), dtype=torch.float32, device=self.device)
+        if self.sum_sq is None:
+            self.sum_sq = torch.zeros(self.in_features, dtype=torch.float64, device=self.device)
 
     def update(self, x: torch.Tensor) -> None:
         """Add a chunk of inputs `[tokens, in_features]` (any leading dims are flattened)."""
@@ -81,6 +88,70 @@ class ActivationStats:
 
 
 StatsKey = tuple[str, int | None]  # (module name without prefix, expert index or None)
+ExpertSpan = tuple[int, int, int]  # (expert, first row, end row) in an expert-sorted buffer
+
+
+def segment_stats_reference(rows: torch.Tensor, bounds: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(amax [spans] fp32, sum_sq [spans, width] fp64)` of each row span, by `ActivationStats.summarize`'s
+    arithmetic (the CPU path, and what the CUDA kernel is held to)."""
+    amax, sums = [], []
+    for a, b in bounds:
+        part = rows[a:b].to(torch.float32)
+        amax.append(part.abs().amax())
+        sums.append(part.square().sum(dim=0, dtype=torch.float64))
+    return torch.stack(amax), torch.stack(sums)
+
+
+def segment_stats(rows: torch.Tensor, bounds: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """`segment_stats_reference`'s figures; one fused kernel on CUDA (sums equal up to float64 addition order)."""
+    kernel = triton_module("segment_stats_kernel") if rows.is_cuda else None
+    if kernel is None:
+        return segment_stats_reference(rows, bounds)
+    return kernel.segment_stats(rows, bounds)
+
+
+@dataclass
+class ExpertBank:
+    """One MoE input (gate/up's, or down's) of every routed expert of a layer, stacked: updated once per chunk
+    for all experts, instead of once per expert."""
+
+    amax: torch.Tensor  # fp32 [n_experts]
+    sum_sq: torch.Tensor  # fp64 [n_experts, width]
+    tokens: list[int]
+    modules: dict[int, tuple[str, ...]] = field(default_factory=dict)  # expert -> the linears reading these rows
+
+    @classmethod
+    def empty(cls, n_experts: int, width: int, device: torch.device | str) -> "ExpertBank":
+        return cls(torch.zeros(n_experts, dtype=torch.float32, device=device),
+                   torch.zeros(n_experts, width, dtype=torch.float64, device=device), [0] * n_experts)
+
+    def add(self, spans: list[ExpertSpan], modules: list[tuple[str, ...]], amax: torch.Tensor,
+            sum_sq: torch.Tensor) -> None:
+        experts = [e for e, _, _ in spans]
+        index = torch.tensor(experts, dtype=torch.int64).to(self.amax.device)
+        # experts are distinct within a chunk: plain indexed updates, no atomics, same bytes every run
+        self.amax[index] = torch.maximum(self.amax[index], amax.to(self.amax.device))
+        self.sum_sq[index] += sum_sq.to(self.sum_sq.device)
+        for (e, a, b), names in zip(spans, modules):
+            self.tokens[e] += b - a
+            self.modules[e] = names
+
+    def entries(self) -> dict[StatsKey, ActivationStats]:
+        """An `ActivationStats` per (linear, expert) that saw tokens; linears reading the same rows get their own
+        copies (entries are updated in place later)."""
+        out: dict[StatsKey, ActivationStats] = {}
+        copies: list[tuple[torch.Tensor, torch.Tensor]] = [(self.amax, self.sum_sq)]
+        width = self.sum_sq.shape[1]
+        for e, names in sorted(self.modules.items()):
+            if not self.tokens[e]:
+                continue
+            for j, name in enumerate(names):
+                while len(copies) <= j:
+                    copies.append((self.amax.clone(), self.sum_sq.clone()))
+                amax, sum_sq = copies[j]
+                out[(name, e)] = ActivationStats(width, device=self.sum_sq.device, tokens=self.tokens[e],
+                                                 amax=amax[e], sum_sq=sum_sq[e])
+        return out
 
 
 class ActivationCollector:
@@ -98,7 +169,8 @@ class ActivationCollector:
         self.route_all = route_all
         self.device = device
         self.layer: int | None = None
-        self.routed: dict[StatsKey, ActivationStats] = {}
+        self._routed: dict[StatsKey, ActivationStats] = {}
+        self._banks: dict[tuple[str, ...], ExpertBank] = {}  # routed experts' inputs, by the linears' roles
         self.all_tokens: dict[StatsKey, ActivationStats] = {}
         self.expert_tokens: torch.Tensor | None = None  # int64 [n_experts], router assignments
         self.router_tokens = 0
@@ -108,11 +180,24 @@ class ActivationCollector:
     def start_layer(self, layer: int) -> None:
         """Forget the previous layer's statistics (the caller has consumed them)."""
         self.layer = layer
-        self.routed = {}
+        self._routed = {}
+        self._banks = {}
         self.all_tokens = {}
         self.expert_tokens = None
         self.router_tokens = 0
         self._last = None
+
+    @property
+    def routed(self) -> dict[StatsKey, ActivationStats]:
+        """Statistics of the tokens the router sent, per (linear, expert or None)."""
+        for bank in self._banks.values():
+            for key, stats in bank.entries().items():
+                if key in self._routed:
+                    self._routed[key].merge(stats)
+                else:
+                    self._routed[key] = stats
+        self._banks = {}
+        return self._routed
 
     def _check_layer(self, layer: int) -> None:
         if self.layer is None:
@@ -131,7 +216,7 @@ class ActivationCollector:
         routed: bool = True,
     ) -> None:
         self._check_layer(layer)
-        table = self.routed if routed else self.all_tokens
+        table = self._routed if routed else self.all_tokens
         key = (module, expert)
         stats = table.get(key)
         if stats is None:
@@ -143,6 +228,26 @@ class ActivationCollector:
             summary = stats.summarize(x)
             self._last = (x, x._version, summary)
         stats.add(summary)
+
+    def on_expert_rows(
+        self, layer: int, rows: torch.Tensor, spans: list[ExpertSpan], modules: list[tuple[str, ...]], n_experts: int
+    ) -> None:
+        """The routed experts' inputs of one chunk as one expert-sorted buffer (`ExpertRowsObserver`): expert
+        `spans[i][0]` read `rows[spans[i][1]:spans[i][2]]` through the linears `modules[i]`."""
+        self._check_layer(layer)
+        spans = [s for s in spans if s[2] > s[1]]
+        if not spans:
+            return
+        role = tuple(name.rsplit(".", 1)[-1] for name in modules[0])
+        bank = self._banks.get(role)
+        if bank is None:
+            bank = self._banks[role] = ExpertBank.empty(n_experts, rows.shape[-1], self.device)
+        elif bank.sum_sq.shape != (n_experts, rows.shape[-1]):
+            raise ValueError(f"expert inputs {role} changed shape within layer {layer}: {tuple(bank.sum_sq.shape)} "
+                             f"then {(n_experts, rows.shape[-1])}")
+        amax, sum_sq = segment_stats(rows, [(a, b) for _, a, b in spans])
+        bank.add(spans, modules, amax, sum_sq)
+        self._last = None
 
     def on_router(
         self, layer: int, topk_ids: torch.Tensor, topk_weights: torch.Tensor, n_experts: int | None = None

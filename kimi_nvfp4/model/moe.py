@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from ..checkpoint.k2_config import K2Config
 from .layer_weights import MLPWeights, MoEWeights
 from .linear import Linear
-from .observer import Observer, notify_linear
+from .observer import Observer, expert_rows_observer, notify_linear
 
 # transformers DeepseekV3TopkRouter: `denominator = topk_weights.sum(...) + 1e-20`
 _NORM_EPS = 1e-20
@@ -204,6 +204,11 @@ def _routed_sorted(
             spans.append((e, start, start + count))
         start += count
 
+    # an observer that takes the whole buffer gets one call per input instead of one per expert and linear
+    batch = expert_rows_observer(observer) if spans else None
+    if batch is not None:
+        batch.on_expert_rows(layer, rows, spans, [(w.experts[e].gate_proj.module, w.experts[e].up_proj.module)
+                                                   for e, _, _ in spans], len(w.experts))
     n_rows = rows_q.shape[0]
     inter = w.experts[spans[0][0]].gate_proj.out_features if spans else 0
     gate = rows_q.new_empty(n_rows, inter)
@@ -216,18 +221,22 @@ def _routed_sorted(
             gq = ex.gate_proj.quantize_input(rows[a:b])
             same = ex.up_proj.input_quantizer() is ex.gate_proj.input_quantizer()
             uq = gq if same else ex.up_proj.quantize_input(rows[a:b])
-        x_seen = rows[a:b] if rows is not None else None
         torch.mm(gq, ex.gate_proj.weight().t(), out=gate[a:b])
-        notify_linear(observer, layer, ex.gate_proj.module, x_seen, gate[a:b], e)
         torch.mm(uq, ex.up_proj.weight().t(), out=up[a:b])
-        notify_linear(observer, layer, ex.up_proj.module, x_seen, up[a:b], e)
+        if batch is None and observer is not None:
+            x_seen = rows[a:b] if rows is not None else None
+            notify_linear(observer, layer, ex.gate_proj.module, x_seen, gate[a:b], e)
+            notify_linear(observer, layer, ex.up_proj.module, x_seen, up[a:b], e)
     del rows, rows_q
     h = F.silu(gate) * up
     del gate, up
     downs = [w.experts[e].down_proj for e, _, _ in spans]
+    if batch is not None:
+        batch.on_expert_rows(layer, h, spans, [(d.module,) for d in downs], len(w.experts))
     if not need_output and not observer_needs_outputs(observer):
-        for (e, a, b), down in zip(spans, downs):
-            notify_linear(observer, layer, down.module, h[a:b], None, e)
+        if batch is None:
+            for (e, a, b), down in zip(spans, downs):
+                notify_linear(observer, layer, down.module, h[a:b], None, e)
         return None
 
     if all(d.input_quantizer() is None for d in downs):
@@ -239,7 +248,8 @@ def _routed_sorted(
     y = h.new_empty(n_rows, hidden)
     for (e, a, b), down in zip(spans, downs):
         torch.mm(hq[a:b], down.weight().t(), out=y[a:b])
-        notify_linear(observer, layer, down.module, h[a:b], y[a:b], e)
+        if batch is None:
+            notify_linear(observer, layer, down.module, h[a:b], y[a:b], e)
     del h, hq
     if not need_output:
         return None

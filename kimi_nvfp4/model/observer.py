@@ -39,6 +39,28 @@ class Observer(Protocol):
         (normalised, times routed_scaling_factor), for one chunk of T tokens."""
 
 
+@runtime_checkable
+class ExpertRowsObserver(Protocol):
+    """An observer that takes the routed experts' inputs of a chunk in one call, as the MoE's expert-sorted
+    buffer, instead of one `on_linear` per expert and linear (model/moe.py's sorted path). Only observers that
+    read no outputs (`needs_outputs = False`) are given it: the call carries inputs only."""
+
+    def on_expert_rows(
+        self, layer: int, rows: torch.Tensor, spans: list[tuple[int, int, int]], modules: list[tuple[str, ...]],
+        n_experts: int,
+    ) -> None:
+        """Expert `spans[i][0]` read `rows[spans[i][1]:spans[i][2]]` (inputs before activation quantization)
+        through the linears `modules[i]` (e.g. `("mlp.experts.3.gate_proj", "mlp.experts.3.up_proj")`); spans are
+        in ascending expert order, each expert at most once; `n_experts` routed experts in the layer."""
+
+
+def expert_rows_observer(observer: object) -> ExpertRowsObserver | None:
+    """`observer` if the MoE may report its routed experts' inputs to it buffer by buffer, else None."""
+    if isinstance(observer, ExpertRowsObserver) and not getattr(observer, "needs_outputs", True):
+        return observer
+    return None
+
+
 class NullObserver:
     """Does nothing; subclass it and override what you need."""
 

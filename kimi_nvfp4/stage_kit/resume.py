@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, TypeVar
@@ -48,9 +49,13 @@ STATE_NAME = "state.json"
 TENSORS_NAME = "tensors.safetensors"
 SNAPSHOT_FORMAT = 1
 # Layers between snapshots when not given (see docs/calibrate.md "Resume"): at K2.6 scale one snapshot writes
-# 15 GB per hidden-state stream (512 x 2048 tokens x 7168 x 2 bytes), ~7.5 s per stream at 2 GB/s; every 10th
-# layer keeps that under ~10% of calibrate's and validate's layer time and loses at most 10 layers to a kill.
+# 15 GB per hidden-state stream (512 x 2048 tokens x 7168 x 2 bytes); a kill loses at most 10 layers.
 DEFAULT_RESUME_EVERY = 10
+# ...and snapshots may take at most this fraction of the run's time so far: the H200 host's disk wrote a snapshot
+# at 0.65 GB/s (docs/benchmarks.md §10, bench_resume_snapshot.py), so validate's four streams take ~93 s at K2.6
+# scale against ~23 s of compute per layer; every 10th layer would add ~40%. After the first snapshot (which
+# measures the write time), a due snapshot is skipped while the snapshots' seconds plus one more would exceed it.
+DEFAULT_RESUME_MAX_OVERHEAD = 0.1
 _STREAM_SEP = "/"
 
 StateT = TypeVar("StateT", bound=BaseModel)
@@ -140,9 +145,12 @@ class ResumeStore:
     :param every: write a snapshot after every `every`-th finished layer; 0: never (an existing one is still read).
     """
 
-    def __init__(self, root: str | Path, stage: str, ctx: RankContext, fingerprint: dict[str, Any], every: int):
+    def __init__(self, root: str | Path, stage: str, ctx: RankContext, fingerprint: dict[str, Any], every: int,
+                 max_overhead: float = DEFAULT_RESUME_MAX_OVERHEAD):
         if every < 0:
             raise ValueError(f"resume interval must be >= 0 layers, got {every}")
+        if max_overhead <= 0:
+            raise ValueError(f"the snapshots' share of the run time must be > 0, got {max_overhead}")
         self.stage = stage
         self.stage_dir = Path(root) / RESUME_DIR / stage
         self.rank_dir = self.stage_dir / f"rank{ctx.rank}"
@@ -150,13 +158,34 @@ class ResumeStore:
         # a round trip through JSON, so that it compares equal to what state.json gives back
         self.fingerprint = json.loads(json.dumps(fingerprint, sort_keys=True))
         self.every = every
+        self.max_overhead = max_overhead
         self.written: list[int] = []  # layers this run snapshotted (tests, logs)
+        self.skipped: list[int] = []  # due snapshots skipped to keep within max_overhead
+        self._clock = time.perf_counter  # what the overhead is measured with (tests replace it)
+        self._started = self._clock()
+        self._snapshot_seconds = 0.0  # spent writing snapshots so far
+        self._last_write: float | None = None  # seconds the last snapshot took
 
     # --- when --------------------------------------------------------------------------------------
     def due(self, done: int, total: int) -> bool:
-        """Whether to snapshot after `done` of `total` layers of this run are finished (never after the last:
-        what is left then is cheap next to writing every stream)."""
-        return self.every > 0 and done < total and done % self.every == 0
+        """Whether to snapshot after `done` of `total` layers of this run are finished (collective when the
+        interval says yes: rank 0's clock decides for every rank). Never after the last layer (what is left then
+        is cheap next to writing every stream), and not while one more snapshot would take the snapshots past
+        `max_overhead` of the run's time so far."""
+        if not (self.every > 0 and done < total and done % self.every == 0):
+            return False
+        within = True
+        if self._last_write is not None:
+            elapsed = self._clock() - self._started
+            within = self._snapshot_seconds + self._last_write <= self.max_overhead * elapsed
+        if self.ctx.distributed:
+            within = self.ctx.broadcast_object(within)
+        if not within:
+            self.skipped.append(done)
+            log.info("%s: snapshot after %d layers skipped: snapshots took %.1f s, the last %.1f s, over %.0f%% of "
+                     "%.1f s", self.stage, done, self._snapshot_seconds, self._last_write, 100 * self.max_overhead,
+                     self._clock() - self._started)
+        return within
 
     # --- write -------------------------------------------------------------------------------------
     def save(
@@ -178,6 +207,7 @@ class ResumeStore:
             raise ValueError(f"{type(state).__name__} must set ser_json_inf_nan='constants' to be snapshotted")
         final = self.rank_dir / _layer_dir_name(layer)
         ok = True
+        started = self._clock()
         try:
             self._write(final, layer, state, streams, tensors or {})
         except (OutputError, OSError) as e:
@@ -200,6 +230,8 @@ class ResumeStore:
             return False
         self._remove_others(keep=final.name)  # the older snapshots are no longer needed
         self.written.append(layer)
+        self._last_write = self._clock() - started
+        self._snapshot_seconds += self._last_write
         return True
 
     def _write(self, final: Path, layer: int, state: BaseModel, streams: dict[str, list[torch.Tensor]],

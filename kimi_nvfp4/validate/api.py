@@ -320,7 +320,7 @@ def validate_checkpoint(
     resume = ValidationResume(ResumeStore(report_dir, VALIDATE_STAGE, ctx, validation_fingerprint(
         out_reader, src_reader, ctx, data, mine, opts, device=dev, dtype=compute_dtype,
         max_chunk_tokens=max_chunk_tokens, baseline=baseline, flag_rel_mse=thresholds.weight_rel_mse_max,
-    ), every=opts.resume_every))
+    ), every=opts.resume_every, max_overhead=opts.resume_max_overhead))
     resume.snapshot = resume.store.load()
     # the structural scan reads every tensor once: rank 0's job (kept in its snapshots), shared at the end
     structure = resume.saved_structure()

@@ -12,7 +12,7 @@ from pydantic import Field, field_validator
 from ..calibrate.options import CalibrateOptions
 from ..model.linear import ActivationMode
 from ..model.nvfp4_linears import InputScaleReduction
-from ..stage_kit.resume import DEFAULT_RESUME_EVERY
+from ..stage_kit.resume import DEFAULT_RESUME_EVERY, DEFAULT_RESUME_MAX_OVERHEAD
 from ..stage_options import Cli, StageOptions, device_name
 from .experts import DEFAULT_EXPERT_CHECK_TOKENS
 from .gates import GateThresholds, load_gates
@@ -65,6 +65,10 @@ class ValidateOptions(StageOptions):
         description="Snapshot the run every N layers under REPORT_DIR/.kimi_nvfp4_resume, so that a killed run "
                     "continues from the last snapshot (a matching one is always used); 0: none. Each costs 15 GB per "
                     "hidden-state stream at K2.6 scale (512 x 2048 tokens).")
+    resume_max_overhead: float = Field(
+        DEFAULT_RESUME_MAX_OVERHEAD, gt=0,
+        description="Skip a due snapshot while the snapshots would take more than this fraction of the run's time "
+                    "so far (measured from the first snapshot's write time; a slow disk then snapshots less often).")
     max_chunk_tokens: int | None = Field(None, ge=1, description="Tokens per MLP/MoE chunk.")
     states_device: str | None = Field(
         None, description="Keep hidden states here (e.g. cpu) when they do not fit the GPU.")

@@ -9,6 +9,7 @@ import shutil
 from collections import Counter
 
 import pytest
+import torch
 
 from kimi_nvfp4.calibrate import INPUT_SCALES_SHARD, calibrate_checkpoint
 from kimi_nvfp4.errors import OutputError
@@ -16,7 +17,10 @@ from kimi_nvfp4.model import weights as model_weights
 from kimi_nvfp4.stage_kit import resume as resume_module
 from kimi_nvfp4.stage_kit.resume import RECORD_NAME, RESUME_DIR
 
-OPTIONS = dict(samples=4, seq_len=48, device="cpu", progress=False, resume_every=1, expert_stats="diag")
+# snapshots on every layer whatever the tiny model's layers cost next to a snapshot's fsync (the cap has its own tests)
+NO_OVERHEAD_CAP = 1e6
+OPTIONS = dict(samples=4, seq_len=48, device="cpu", progress=False, resume_every=1, expert_stats="diag",
+               resume_max_overhead=NO_OVERHEAD_CAP)
 INJECTED = "injected failure"
 FAIL_AT = 2  # the tiny model has 3 layers: killed while loading the last one, after snapshots of layers 0 and 1
 
@@ -52,20 +56,26 @@ def _numbers(report) -> dict:
     return data
 
 
-def test_a_killed_calibration_resumes_after_the_last_snapshot(converted_pair, tmp_path, loads):
+# On CUDA the snapshots are written from and loaded back onto the GPU (the H200 run).
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA")])]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_killed_calibration_resumes_after_the_last_snapshot(converted_pair, tmp_path, loads, device):
     src, out = converted_pair
     fresh = tmp_path / "fresh"
     shutil.copytree(out, fresh)
-    expected = calibrate_checkpoint(fresh, src, "sample", **OPTIONS)
+    expected = calibrate_checkpoint(fresh, src, "sample", **{**OPTIONS, "device": device})
     assert not (fresh / RESUME_DIR).exists()  # removed once the stage succeeded
     loads.clear()
 
-    _killed(out, src, loads)
+    _killed(out, src, loads, device=device)
     record = json.loads((out / RESUME_DIR / "calibrate" / RECORD_NAME).read_text())
     assert record["layer"] == FAIL_AT - 1 and record["world_size"] == 1
     assert not (out / INPUT_SCALES_SHARD).exists()  # nothing of the stage's output was written
 
-    resumed = calibrate_checkpoint(out, src, "sample", **OPTIONS)
+    resumed = calibrate_checkpoint(out, src, "sample", **{**OPTIONS, "device": device})
     assert loads == Counter({FAIL_AT: 1})  # layers 0 and 1 came from the snapshot
     assert (out / INPUT_SCALES_SHARD).read_bytes() == (fresh / INPUT_SCALES_SHARD).read_bytes()
     assert _numbers(resumed) == _numbers(expected)
@@ -119,7 +129,7 @@ def test_the_command_takes_resume_every(converted_pair, loads):
 
     src, out = converted_pair
     args = [str(out), "--source", str(src), "--data", "sample", "--samples", "4", "--seq-len", "48", "--device", "cpu",
-            "--no-progress", "--resume-every", "1"]
+            "--no-progress", "--resume-every", "1", "--resume-max-overhead", str(NO_OVERHEAD_CAP)]
     loads.fail_at = FAIL_AT
     killed = CliRunner().invoke(calibrate_command, args)
     assert killed.exit_code != 0 and (out / RESUME_DIR / "calibrate" / RECORD_NAME).is_file()

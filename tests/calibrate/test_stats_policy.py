@@ -100,3 +100,46 @@ def test_route_all_without_statistics_falls_back_to_peers_then_constant():
     assert {(c.expert, c.source) for c in chosen} == {(0, "routed"), (1, "peer-max")}
     nothing = choose_expert_amax({}, {}, [0, 0], policy=ExpertPolicy.PEER_MAX, min_expert_tokens=10)
     assert all(c.source == "fallback" and c.amax == FALLBACK_AMAX for c in nothing)
+
+
+def _per_expert(collector, rows, spans, modules):
+    for (e, a, b), names in zip(spans, modules):
+        for name in names:
+            collector.on_linear(1, name, rows[a:b], None, expert=e)
+
+
+def test_expert_rows_buffer_gives_the_per_expert_statistics_over_chunks():
+    """`on_expert_rows` (one call per buffer) and one `on_linear` per expert and linear give the same entries,
+    bit for bit, over several chunks; gate and up entries do not share storage."""
+    g = torch.Generator().manual_seed(4)
+    batched, single = ActivationCollector(), ActivationCollector()
+    for c in (batched, single):
+        c.start_layer(1)
+    for chunk in range(3):
+        rows = torch.randn(60, 24, generator=g).to(torch.bfloat16)
+        spans = [(0, 0, 10), (2, 10, 11), (5, 11, 60)] if chunk != 1 else [(2, 0, 30), (6, 30, 60)]
+        modules = [(expert_module(e, "gate_proj"), expert_module(e, "up_proj")) for e, _, _ in spans]
+        batched.on_expert_rows(1, rows, spans, modules, n_experts=8)
+        _per_expert(single, rows, spans, modules)
+        h = torch.randn(60, 12, generator=g)
+        downs = [(expert_module(e, "down_proj"),) for e, _, _ in spans]
+        batched.on_expert_rows(1, h, spans, downs, n_experts=8)
+        _per_expert(single, h, spans, downs)
+    assert batched.routed.keys() == single.routed.keys()
+    assert {e for _, e in batched.routed} == {0, 2, 5, 6}
+    for key, s in single.routed.items():
+        b = batched.routed[key]
+        assert b.tokens == s.tokens and torch.equal(b.amax, s.amax) and torch.equal(b.sum_sq, s.sum_sq), key
+    gate, up = batched.routed[(expert_module(2, "gate_proj"), 2)], batched.routed[(expert_module(2, "up_proj"), 2)]
+    before = up.sum_sq.clone()
+    gate.update(torch.ones(4, 24))
+    assert torch.equal(up.sum_sq, before) and gate.tokens == up.tokens + 4
+
+
+def test_expert_rows_buffer_refuses_a_changed_width():
+    c = ActivationCollector()
+    c.start_layer(0)
+    mods = [(expert_module(0, "gate_proj"),)]
+    c.on_expert_rows(0, torch.ones(4, 8), [(0, 0, 4)], mods, n_experts=2)
+    with pytest.raises(ValueError, match="changed shape"):
+        c.on_expert_rows(0, torch.ones(4, 9), [(0, 0, 4)], mods, n_experts=2)

@@ -114,6 +114,46 @@ def test_due_counts_layers_of_the_whole_run():
         ResumeStore("/nonexistent", "validate", RankContext(), {}, every=-1)
 
 
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_snapshots_are_skipped_while_they_would_exceed_the_overhead_cap(tmp_path, monkeypatch):
+    """The first due snapshot is written (it measures the write time); later ones only while the snapshots' seconds
+    plus one more stay within max_overhead of the run's time so far."""
+    from kimi_nvfp4.stage_kit import resume as resume_module
+
+    clock = FakeClock()
+    monkeypatch.setattr(resume_module.time, "perf_counter", clock)
+    store = ResumeStore(tmp_path, "validate", RankContext(), FINGERPRINT, every=1, max_overhead=0.1)
+    real_write = store._write
+
+    def slow_write(*args, **kwargs):  # every snapshot takes 9 s
+        real_write(*args, **kwargs)
+        clock.now += 9.0
+
+    store._write = slow_write
+    state, streams = State(seconds=[], note=""), _streams()
+    written, shares = [], []
+    for layer in range(60):
+        clock.now += 10.0  # a layer's compute
+        if store.due(layer + 1, 61):
+            assert store.save(layer, state, streams)
+            written.append(layer)
+            shares.append(store._snapshot_seconds / clock.now)
+    # Layer 0: nothing measured yet, written (9 s of 19). The next needs 9 + 9 <= 0.1 x elapsed, elapsed = 10 (L + 1)
+    # + 9: L = 17; then 27 <= 0.1 x (10 (L + 1) + 18): L = 25.
+    assert written[:3] == [0, 17, 25]
+    assert store.skipped[:3] == [2, 3, 4] and len(written) + len(store.skipped) == 60
+    assert all(share <= 0.1 for share in shares[1:])  # once measured, the snapshots stay within the cap
+    with pytest.raises(ValueError, match="share"):
+        ResumeStore(tmp_path, "validate", RankContext(), FINGERPRINT, every=1, max_overhead=0)
+
+
 def test_fingerprint_differences_name_nested_keys():
     assert fingerprint_differences({"a": {"b": 1, "c": 2}}, {"a": {"b": 1, "c": 3}, "d": 4}) == [
         "a.c: 2 -> 3", "d: None -> 4"]

@@ -7,6 +7,7 @@ import logging
 from collections import Counter
 
 import pytest
+import torch
 
 from kimi_nvfp4.model import weights as model_weights
 from kimi_nvfp4.stage_kit import resume as resume_module
@@ -15,7 +16,10 @@ from kimi_nvfp4.validate import api as validate_api
 from kimi_nvfp4.validate.api import validate_checkpoint
 
 # baseline on: every stream the snapshot carries (INT4, W4A4, W4A16, amax baseline)
+# snapshots on every layer whatever the tiny model's layers cost next to a snapshot's fsync (the cap has its own tests)
+NO_OVERHEAD_CAP = 1e6
 OPTIONS = dict(samples=4, seq_len=48, device="cpu", progress=False, resume_every=1, record_in_manifest=False,
+               resume_max_overhead=NO_OVERHEAD_CAP,
                baseline="on")
 INJECTED = "injected failure"
 FAIL_AT = 2  # the tiny model has 3 layers
@@ -57,16 +61,22 @@ def _numbers(report) -> dict:
     return data
 
 
-def test_a_killed_validation_resumes_with_the_same_report(calibrated_pair, tmp_path, counts):
+# On CUDA the snapshots are written from and loaded back onto the GPU (the H200 run).
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA")])]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_killed_validation_resumes_with_the_same_report(calibrated_pair, tmp_path, counts, device):
     src, out = calibrated_pair
-    expected = validate_checkpoint(out, src, "sample", report_dir=tmp_path / "fresh", **OPTIONS)
+    expected = validate_checkpoint(out, src, "sample", report_dir=tmp_path / "fresh", **{**OPTIONS, "device": device})
     assert not (tmp_path / "fresh" / RESUME_DIR).exists()
     counts.clear()
 
     report_dir = tmp_path / "report"
-    _killed(out, src, report_dir, counts)
+    _killed(out, src, report_dir, counts, device=device)
     assert not (report_dir / "validate_report.json").exists()
-    resumed = validate_checkpoint(out, src, "sample", report_dir=report_dir, **OPTIONS)
+    resumed = validate_checkpoint(out, src, "sample", report_dir=report_dir, **{**OPTIONS, "device": device})
     assert counts == Counter({FAIL_AT: 2})  # the last layer of each checkpoint, once; no second structural scan
     assert _numbers(resumed) == _numbers(expected)
     assert resumed.baseline is not None and len(resumed.end_to_end) == 2
