@@ -175,3 +175,22 @@ def test_w4a4_stats_leave_the_input_scales_unchanged(demo_pair, tmp_path):
     hessian = _calibrate(src, other, expert_stats="hessian")
     served = _calibrate(src, out, expert_stats="w4a4")
     assert served.shard_sha256 == hessian.shard_sha256
+
+
+def test_combine_ranks_adds_every_sum_of_the_w4a4_statistics():
+    """Two ranks that saw the same rows (an all-reduce that doubles): every running sum, the quantized ones
+    included, doubles with the token count, so the means are unchanged and nothing is left rank-local."""
+    from types import SimpleNamespace
+
+    observer = expert_stats_module.ExpertStatsObserver(expert_stats_module.ExpertStatsMode.W4A4)
+    observer.start_layer(1)
+    acc = observer._accumulator(32)
+    rows = torch.randn(40, 32, dtype=torch.float64)
+    acc.add(rows, rows.round())
+    observer.experts[(0, "gate_up")] = acc
+    before = [t.clone() for t in acc.sums()]
+    ctx = SimpleNamespace(distributed=True, all_reduce_sum_=lambda t: t.mul_(2))
+    observer.combine_ranks(ctx, {"gate_up": 32, "down": 16}, n_experts=2)
+    assert acc.tokens == 80 and len(before) == 7  # energies, fourth moments, H, and the four quantized sums
+    assert all(torch.equal(after, 2 * b) for after, b in zip(acc.sums(), before))
+    assert observer.experts[(1, "down")].quantized and observer.shared.quantized
