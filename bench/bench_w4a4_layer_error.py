@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 BASE_METHOD = "int4-aware"
+NVFP4_TENSORS = ("weight", "weight_scale", "weight_scale_2")
 STATS_FOLDER = "int4-aware+w4a4"  # bench_requantize_accuracy.prepare_method's base for the w4a4 methods
 
 
@@ -61,7 +62,7 @@ def _errors(stats_folder: Path, checkpoints: dict[str, Path]) -> dict[str, float
                 module = source.layout.expert_module(stats.layer, expert, proj)
                 m = _int4(source, module, torch.device("cpu"))
                 for name, reader in readers.items():
-                    q = NVFP4Tensor(*(reader.load(f"{module}.{s}") for s in ("weight", "weight_scale", "weight_scale_2")))
+                    q = NVFP4Tensor(*(reader.load(f"{module}.{s}") for s in NVFP4_TENSORS))
                     for mode, s in (("w4a4", served), ("w4a16", plain)):
                         key = f"{group}.{mode}.{name}"
                         totals[key] = totals.get(key, 0.0) + float(output_error(m, q, s))
@@ -89,7 +90,8 @@ def main() -> None:
     shared = sum(any(torch.equal(x, y) for y in draws[fitted_seed]) for x in draws[args.other_seed])
     checkpoints = {m: args.work_dir / m for m in dict.fromkeys([BASE_METHOD, *args.methods])}
     other = _other_statistics(args.work_dir, args.data, args.samples, args.seq_len, args.other_seed)
-    result = {"in-sample": _errors(args.work_dir / STATS_FOLDER, checkpoints), "other tokens": _errors(other, checkpoints)}
+    result = {"in-sample": _errors(args.work_dir / STATS_FOLDER, checkpoints),
+              "other tokens": _errors(other, checkpoints)}
     rows = []
     for which, totals in result.items():
         for key, value in totals.items():

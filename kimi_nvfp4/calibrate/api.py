@@ -213,7 +213,8 @@ def run_calibration(
     chosen, so every rank computes the same scales (kimi_nvfp4.distributed). `kv_cache`: also record
     what each layer's MLA cache holds (`run.kv_ranges`, for the FP8 KV scales of calibrate/kv_cache.py).
     `expert_stats`: also record each routed expert's input statistics and write them per layer
-    (calibrate/expert_stats_hook.py; `w4a4` records them in the advance pass, with the scales just chosen). `resume`: snapshot the run every `resume.every` layers;
+    (calibrate/expert_stats_hook.py; `w4a4` records them in the advance pass, with the scales just chosen).
+    `resume`: snapshot the run every `resume.every` layers;
     `snapshot`: continue after the layer it was taken at instead of from the embeddings (calibrate/resume.py).
     """
     ctx = ctx or RankContext()

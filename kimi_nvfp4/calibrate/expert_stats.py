@@ -8,8 +8,8 @@ token's MoE input, read where the shared expert's gate_proj sees it) are kept to
 saw too few tokens (`numerics/methods/output_aware/refine.py`). There is no shared fallback for down: each
 expert's intermediate space is its own.
 
-`w4a4` (for `gptq-w4a4` and `gptq-w4a4-diag`) records what the served layer reads instead: in calibrate's W4A4 "advance" pass, where
-the layer's static input scales have just been chosen and the experts quantize their inputs, each routed expert
+`w4a4` (for `gptq-w4a4` and `gptq-w4a4-diag`) records what the served layer reads instead: in calibrate's W4A4
+"advance" pass, where the layer's static input scales have just been chosen and the experts quantize their inputs, each routed expert
 input x and its fake-quantized twin x~ = `linear.quantize_input(x)` (the emulation's own function, the bits the
 advance pass multiplies by): E[x x^T], E[x~ x~^T] and E[x x~^T] (and their diagonals). x is the input the
 served expert receives before its activation quantizer; the INT4 layer's output on that same x is the target,

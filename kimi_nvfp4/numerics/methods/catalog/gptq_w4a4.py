@@ -87,8 +87,8 @@ METHOD = ScaleMethodSpec(
     name="gptq-w4a4",
     description=(
         "int4-aware's tensor scale, then GPTQ for the served W4A4 layer: Hessian E[x~x~ᵀ] of the NVFP4-quantized "
-        "calibration inputs and target W·E[x x~ᵀ]·E[x~x~ᵀ]⁻¹ (the INT4 weights' Wiener filter for quantized inputs); "
-        "never worse than int4-aware on the expected W4A4 output error."
+        "calibration inputs and target W·E[x x~ᵀ]·E[x~x~ᵀ]⁻¹ (the INT4 weights' Wiener filter for quantized "
+        "inputs); never worse than int4-aware on the expected W4A4 output error."
     ),
     search=INT4_AWARE_SEARCH,
     statistics=StatisticsNeed.W4A4_HESSIAN,
