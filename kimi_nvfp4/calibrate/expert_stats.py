@@ -9,13 +9,13 @@ saw too few tokens (`numerics/methods/output_aware/refine.py`). There is no shar
 expert's intermediate space is its own.
 
 `w4a4` (for `gptq-w4a4` and `gptq-w4a4-diag`) records what the served layer reads instead: in calibrate's W4A4
-"advance" pass, where the layer's static input scales have just been chosen and the experts quantize their inputs, each routed expert
-input x and its fake-quantized twin x~ = `linear.quantize_input(x)` (the emulation's own function, the bits the
-advance pass multiplies by): E[x x^T], E[x~ x~^T] and E[x x~^T] (and their diagonals). x is the input the
-served expert receives before its activation quantizer; the INT4 layer's output on that same x is the target,
-so the statistics describe this linear's own error, not what earlier layers already changed. gate/up's x equals
-the observe pass's (same hidden states, same BF16 router); down's x is the intermediate of the W4A4 gate/up, the
-one the served down_proj quantizes. The shared gate/up fallback is quantized with the routed experts' gate/up
+"advance" pass, where the layer's static input scales have just been chosen and the experts quantize their inputs,
+each routed expert input x and its fake-quantized twin x~ = `linear.quantize_input(x)` (the emulation's own
+function, the bits the advance pass multiplies by): E[x x^T], E[x~ x~^T] and E[x x~^T] (and their diagonals). x is
+the input the served expert receives before its activation quantizer; the INT4 layer's output on that same x is the
+target, so the statistics describe this linear's own error, not what earlier layers already changed. gate/up's x
+equals the observe pass's (same hidden states, same BF16 router); down's x is the intermediate of the W4A4 gate/up,
+the one the served down_proj quantizes. The shared gate/up fallback is quantized with the routed experts' gate/up
 quantizer when the layer shares one (SGLang's layer-max reduction), else it is not recorded. See `arm`.
 
 Only routed tokens count (what the served model sends an expert); `route-all` statistics passes are ignored.
