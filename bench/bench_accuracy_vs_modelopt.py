@@ -43,7 +43,7 @@ from bench.bench_requantize_accuracy import draw_spread, prepare_method  # noqa:
 from bench.heldout_kl import MODES, heldout_figures, heldout_sequences  # noqa: E402
 
 METRICS = ("kl_mean", "kl_p99", "top1", "ppl_ratio")
-OUR_METHODS = ("amax", "int4-aware", "act-diag", "gptq")
+OUR_METHODS = ("amax", "int4-aware", "act-diag", "gptq", "gptq-w4a4")
 BASE_METHOD = "amax"  # the checkpoint Model Optimizer's expert tensors are written into (all else identical)
 GOAL_KL_RATIO = 0.8  # issue 16: KL <= 0.8x the best Model Optimizer recipe
 MODELOPT_PREFIX = "modelopt:"
@@ -132,6 +132,14 @@ def summarize(rows: list[dict], names: list[str]) -> list[dict]:
     return out
 
 
+def _argument(name: str, value) -> str:
+    """One argument as it is typed (a flag alone, a list space-separated)."""
+    flag = f"--{name.replace('_', '-')}"
+    if value is True:
+        return flag
+    return f"{flag} {' '.join(map(str, value)) if isinstance(value, list) else value}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work-dir", type=Path, default=Path("/tmp/kimi_nvfp4_vs_modelopt"))
@@ -143,6 +151,8 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4])
     ap.add_argument("--methods", nargs="+", default=list(OUR_METHODS))
     ap.add_argument("--recipes", nargs="+", default=None, help="Model Optimizer configs (default: all five)")
+    ap.add_argument("--ours-only", action="store_true",
+                    help="no Model Optimizer rows (its recipes take most of the run): our methods on the same draws")
     ap.add_argument("--json", type=Path, default=Path("bench/results/accuracy_vs_modelopt_demo_cpu.json"))
     args = ap.parse_args()
 
@@ -151,7 +161,7 @@ def main() -> None:
     from kimi_nvfp4.demo_model import DEMO_CHECKPOINT
     from kimi_nvfp4.stage_kit.samples import DataPart, load_sample_set
 
-    args.recipes = args.recipes or list(RECIPES)
+    args.recipes = [] if args.ours_only else args.recipes or list(RECIPES)
     methods = list(dict.fromkeys([BASE_METHOD, *args.methods]))
     started = time.perf_counter()
     calibration = dict(samples=args.samples, seq_len=args.seq_len, min_expert_tokens=args.min_expert_tokens,
@@ -187,8 +197,7 @@ def main() -> None:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({
         "command": "python bench/bench_accuracy_vs_modelopt.py " + " ".join(
-            f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
-            for k, v in vars(args).items() if k not in ("work_dir", "json")),
+            _argument(k, v) for k, v in vars(args).items() if k not in ("work_dir", "json") and v not in ([], False)),
         "device": f"cpu ({os.cpu_count()} cores)",
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "device": "cpu"},
         "model": "demo (kimi_nvfp4/assets/tiny_k2)",

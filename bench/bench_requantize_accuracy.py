@@ -1,8 +1,8 @@
-"""Output-aware requantization on the demo model (issue 16): amax / int4-aware vs act-diag / gptq after
-`requantize`, validate's own metrics over several held-out draws, CPU.
+"""Output-aware requantization on the demo model (issue 16): amax / int4-aware vs act-diag / gptq / gptq-w4a4
+after `requantize`, validate's own metrics over several held-out draws, CPU.
 
 Per method: convert (amax or int4-aware); for act-diag and gptq, the int4-aware conversion calibrated with
-`--expert-stats hessian` and then `requantize --method M` (which recalibrates the input scales); the others
+`--expert-stats hessian` (gptq-w4a4: `w4a4`) and then `requantize --method M` (which recalibrates the input scales); the others
 calibrated with the same data and settings. Then validate (W4A16 and W4A4, SGLang's layer-max input-scale
 reduction) on `--seeds` held-out draws of `--validate-samples` x `--seq-len` tokens each. Prints a JSON row per
 (method, seed), then the mean and spread per method, and writes all to --json.
@@ -42,14 +42,14 @@ def _summary(rows: list[dict], method: str) -> dict:
 
 def prepare_method(method: str, work_dir: Path, data: str, calibration: dict) -> tuple[Path, dict | None]:
     """The demo checkpoint converted with `method` and calibrated (`calibration`: calibrate_checkpoint's
-    keywords); act-diag / gptq: the int4-aware conversion calibrated with Hessian statistics (shared, made
-    once under `work_dir`), then requantized. Returns the folder and, for requantized methods, which
+    keywords); act-diag / gptq / gptq-w4a4: the int4-aware conversion calibrated with the statistics the method
+    needs (hessian; w4a4 for gptq-w4a4; made once per kind under `work_dir`), then requantized. Returns the folder and, for requantized methods, which
     statistics were used."""
     from kimi_nvfp4.calibrate import calibrate_checkpoint
     from kimi_nvfp4.checkpoint.manifest import load_manifest
     from kimi_nvfp4.convert import convert_checkpoint
     from kimi_nvfp4.demo_model import DEMO_CHECKPOINT
-    from kimi_nvfp4.requantize import requantize_checkpoint
+    from kimi_nvfp4.requantize import expert_stats_mode_for, requantize_checkpoint
 
     out = work_dir / method
     shutil.rmtree(out, ignore_errors=True)
@@ -57,10 +57,12 @@ def prepare_method(method: str, work_dir: Path, data: str, calibration: dict) ->
         convert_checkpoint(DEMO_CHECKPOINT, out, device="cpu", progress=False, method=method)
         calibrate_checkpoint(out, DEMO_CHECKPOINT, data, **calibration)
         return out, None
-    base = work_dir / "int4-aware+hessian"
+    # act-diag takes the hessian statistics too (their diagonal): one base serves it and gptq
+    mode = "hessian" if method == "act-diag" else expert_stats_mode_for(method).value
+    base = work_dir / f"int4-aware+{mode}"
     if not base.exists():
         convert_checkpoint(DEMO_CHECKPOINT, base, device="cpu", progress=False)
-        calibrate_checkpoint(base, DEMO_CHECKPOINT, data, expert_stats="hessian", **calibration)
+        calibrate_checkpoint(base, DEMO_CHECKPOINT, data, expert_stats=mode, **calibration)
     shutil.copytree(base, out)
     requantize_checkpoint(out, DEMO_CHECKPOINT, method=method, device="cpu", progress=False)
     manifest = load_manifest(out)

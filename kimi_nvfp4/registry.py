@@ -31,7 +31,8 @@ COMMANDS: tuple[Command, ...] = (
             "Write static activation scales (input_scale) from coding-agent sessions.",
             stage="kimi_nvfp4.pipeline.stages.calibrate:CalibrateStage"),
     Command("requantize", "kimi_nvfp4.requantize.cli:requantize_command",
-            "Rewrite the routed experts with an output-aware method (act-diag, gptq) from calibration statistics.",
+            "Rewrite the routed experts with an output-aware method (act-diag, gptq, gptq-w4a4[-diag]) from calibration "
+            "statistics.",
             stage="kimi_nvfp4.pipeline.stages.requantize:RequantizeStage"),
     Command("validate", "kimi_nvfp4.validate.cli:validate_command",
             "Compare the NVFP4 checkpoint with its INT4 source; exit 1 if a gate fails.",

@@ -29,3 +29,25 @@ def output_aware_k26_matrices(ctx: BlockContext) -> str:
     headers = ["run", "matrix", "method", "held-out relative output error", "vs int4-aware", "vs amax",
                "calibration-weighted error vs int4-aware", "s per matrix", "s per 384-expert layer"]
     return "\n\n".join([provenance(ctx), table(headers, rows)])
+
+
+@renderer("w4a4_layer_error")
+def w4a4_layer_error(ctx: BlockContext) -> str:
+    """Per input kind and method (bench_w4a4_layer_error.py): the served (W4A4) and W4A16 layer-local errors as a
+    multiple of int4-aware's, under the statistics the methods were fitted on and under other tokens'."""
+    parts = [provenance(ctx)]
+    for r in ctx.results:
+        r.require("rows", "settings")
+        ratio = {(x["statistics"], x["input"], x["mode"], x["method"]): x["vs_int4_aware"] for x in r.data["rows"]}
+        methods = list(dict.fromkeys(x["method"] for x in r.data["rows"]))
+        inputs = list(dict.fromkeys(x["input"] for x in r.data["rows"]))
+        s = r.data["settings"]
+        parts.append(f"`{r.path}` — statistics of calibrate seed {s['fitted_seed']} (fitted on) and seed "
+                     f"{s['other_seed']} ({s['samples']} × {s['seq_len']} tokens each, {s['sequences_shared']} "
+                     "sequences shared); summed error over the experts with dense statistics, multiple of int4-aware's:")
+        rows = [[f"`{m}`", *(num(ratio.get((which, g, mode, m)), 3) for g in inputs for mode in ("w4a4", "w4a16")
+                             for which in ("in-sample", "other tokens"))] for m in methods]
+        headers = ["method", *(f"{g} {mode.upper()} {which}" for g in inputs for mode in ("w4a4", "w4a16")
+                               for which in ("in-sample", "other tokens"))]
+        parts.append(table(headers, rows))
+    return "\n\n".join(parts)

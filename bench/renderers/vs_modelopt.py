@@ -59,3 +59,42 @@ def accuracy_vs_modelopt(ctx: BlockContext) -> str:
                          + (f"met by {', '.join(met)}." if met else "met by none of our methods in this run."))
         parts += _recipe_notes(r.data["modelopt"])
     return "\n\n".join(parts)
+
+
+def _multiple(s: dict, base: dict | None, key: str) -> str:
+    return num(s[key]["mean"] / base[key]["mean"], 2, "x") if base else MISSING
+
+
+@renderer("accuracy_ours_paired")
+def accuracy_ours_paired(ctx: BlockContext) -> str:
+    """Our methods alone on the vs-Model-Optimizer draws (bench_accuracy_vs_modelopt.py --ours-only): KL and top-1,
+    the multiple of `amax` and of `gptq` (taken within the file), and per draw whether a row's W4A4 KL is below
+    gptq's on the same draw (paired: the draw-to-draw spread is larger than the differences between methods)."""
+    parts = [provenance(ctx)]
+    for r in ctx.results:
+        summary = _rows(r, "summary")
+        rows = _rows(r, "rows")
+        by_name = {s["row"]: s for s in summary}
+        amax, gptq = by_name.get("amax"), by_name.get("gptq")
+        gptq_w4a4 = {row["seed"]: row["w4a4"]["kl_mean"] for row in rows if row["row"] == "gptq"}
+
+        def below_gptq(name: str) -> str:
+            mine = {row["seed"]: row["w4a4"]["kl_mean"] for row in rows if row["row"] == name}
+            seeds = sorted(set(mine) & set(gptq_w4a4))
+            if not seeds or name == "gptq":
+                return MISSING
+            return f"{sum(mine[s] < gptq_w4a4[s] for s in seeds)} of {len(seeds)}"
+
+        held = r.data.get("settings", {}).get("heldout", {})
+        parts.append(
+            f"`{r.path}` — held-out draws (seeds) {', '.join(map(str, held.get('seeds', [])))} of "
+            f"{held.get('samples', MISSING)} × {held.get('seq_len', MISSING)} tokens; mean (min–max) over the draws:")
+        parts.append(table(
+            ["row", "KL W4A16", "x amax", "x gptq", "KL W4A4", "x amax", "x gptq", "draws W4A4 < gptq",
+             "top-1 W4A16", "top-1 W4A4"],
+            [[_name(s["row"]), _spread(s["w4a16.kl_mean"], 4), _multiple(s, amax, "w4a16.kl_mean"),
+              _multiple(s, gptq, "w4a16.kl_mean"), _spread(s["w4a4.kl_mean"], 4), _multiple(s, amax, "w4a4.kl_mean"),
+              _multiple(s, gptq, "w4a4.kl_mean"), below_gptq(s["row"]), num(s["w4a16.top1"]["mean"], 3),
+              num(s["w4a4.top1"]["mean"], 3)] for s in summary],
+        ))
+    return "\n\n".join(parts)

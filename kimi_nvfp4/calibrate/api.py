@@ -213,7 +213,8 @@ def run_calibration(
     chosen, so every rank computes the same scales (kimi_nvfp4.distributed). `kv_cache`: also record
     what each layer's MLA cache holds (`run.kv_ranges`, for the FP8 KV scales of calibrate/kv_cache.py).
     `expert_stats`: also record each routed expert's input statistics and write them per layer
-    (calibrate/expert_stats_hook.py). `resume`: snapshot the run every `resume.every` layers;
+    (calibrate/expert_stats_hook.py; `w4a4` records them in the advance pass, with the scales just chosen).
+    `resume`: snapshot the run every `resume.every` layers;
     `snapshot`: continue after the layer it was taken at instead of from the embeddings (calibrate/resume.py).
     """
     ctx = ctx or RankContext()
@@ -262,7 +263,7 @@ def run_calibration(
         clock.mark("observe")
         collector.combine_ranks(ctx)
         if expert_stats is not None:
-            expert_stats.finish_layer(layer, reader, ctx)
+            expert_stats.observe_done(layer, reader, ctx)
         layer_scales, entry = _layer_scales(
             reader, layer, collector, policy=policy, min_expert_tokens=min_expert_tokens
         )
@@ -275,8 +276,11 @@ def run_calibration(
             source.set_activations(w, "w4a4", input_scales=layer_scales)  # advance: same weights, W4A4
             if recompute_attention:
                 attended = runner.attend(layer, states, w)
-            states = runner.feed_forward(attended, w)
+            advance_observer = None if expert_stats is None else expert_stats.advance_observer(w)
+            states = runner.feed_forward(attended, w, observer=advance_observer)
             clock.mark("advance")
+        if expert_stats is not None:
+            expert_stats.finish_layer(layer, reader, ctx)
         if any(isinstance(lin, NVFP4Linear) and lin.materialized for lin in w.linears()):
             run.materialized_layers.append(layer)
         del w, attended

@@ -8,6 +8,16 @@ token's MoE input, read where the shared expert's gate_proj sees it) are kept to
 saw too few tokens (`numerics/methods/output_aware/refine.py`). There is no shared fallback for down: each
 expert's intermediate space is its own.
 
+`w4a4` (for `gptq-w4a4` and `gptq-w4a4-diag`) records what the served layer reads instead: in calibrate's W4A4
+"advance" pass, where the layer's static input scales have just been chosen and the experts quantize their inputs,
+each routed expert input x and its fake-quantized twin x~ = `linear.quantize_input(x)` (the emulation's own
+function, the bits the advance pass multiplies by): E[x x^T], E[x~ x~^T] and E[x x~^T] (and their diagonals). x is
+the input the served expert receives before its activation quantizer; the INT4 layer's output on that same x is the
+target, so the statistics describe this linear's own error, not what earlier layers already changed. gate/up's x
+equals the observe pass's (same hidden states, same BF16 router); down's x is the intermediate of the W4A4 gate/up,
+the one the served down_proj quantizes. The shared gate/up fallback is quantized with the routed experts' gate/up
+quantizer when the layer shares one (SGLang's layer-max reduction), else it is not recorded. See `arm`.
+
 Only routed tokens count (what the served model sends an expert); `route-all` statistics passes are ignored.
 The observer lives beside calibrate's `ActivationCollector` for one layer at a time (`start_layer` drops the
 previous layer's sums), so memory is one layer's accumulators: with `hessian`, n_experts x (hidden^2 +
@@ -20,6 +30,9 @@ from enum import Enum
 
 import torch
 
+from ..model.layer_weights import LayerWeights
+from ..model.linear import Linear
+from ..model.moe import shared_input_quantizer
 from ..numerics.methods import InputStatsAccumulator
 
 GATE_UP, DOWN = "gate_up", "down"
@@ -36,6 +49,17 @@ class ExpertStatsMode(str, Enum):
     NONE = "none"  # nothing (calibrate's outputs as before)
     DIAG = "diag"  # channel energies E[x_j^2] (act-diag)
     HESSIAN = "hessian"  # also the dense X^T X / n where an expert saw enough tokens (gptq)
+    # the served (W4A4) inputs, from the advance pass: dense E[x x^T], E[x~ x~^T], E[x x~^T] (gptq-w4a4*)
+    W4A4 = "w4a4"
+
+    @property
+    def dense(self) -> bool:
+        return self in (ExpertStatsMode.HESSIAN, ExpertStatsMode.W4A4)
+
+    @property
+    def quantized(self) -> bool:
+        """Statistics of the quantized inputs, taken in the W4A4 pass (after the layer's scales are chosen)."""
+        return self is ExpertStatsMode.W4A4
 
 
 def _sum_dtype(device: torch.device) -> torch.dtype:
@@ -57,18 +81,35 @@ class ExpertStatsObserver:
         self.layer: int | None = None
         self.experts: dict[tuple[int, str], InputStatsAccumulator] = {}
         self.shared: InputStatsAccumulator | None = None
+        # w4a4 mode: the layer's linears by module name, and the routed gate/up quantizer for the shared input;
+        # None until `arm` (the observe pass before it is not what the served layer reads)
+        self._linears: dict[str, Linear] | None = None
+        self._shared_quantizer: Linear | None = None
 
     @property
     def dense(self) -> bool:
-        return self.mode is ExpertStatsMode.HESSIAN
+        return self.mode.dense
 
     def start_layer(self, layer: int) -> None:
         self.layer = layer
         self.experts = {}
         self.shared = None
+        self._linears = None
+        self._shared_quantizer = None
+
+    def arm(self, weights: LayerWeights) -> None:
+        """w4a4 mode: record from now on, quantizing each input as `weights`' linears do (their W4A4 scales set)."""
+        self._linears = {lin.module: lin for lin in weights.linears()}
+        if weights.is_moe:
+            routed = [lin for e in weights.mlp.experts for lin in (e.gate_proj, e.up_proj)]
+            self._shared_quantizer = shared_input_quantizer(routed)
 
     def _accumulator(self, width: int) -> InputStatsAccumulator:
-        return InputStatsAccumulator(width, dense=self.dense, device=self.device, dtype=_sum_dtype(self.device))
+        return InputStatsAccumulator(width, dense=self.dense, device=self.device, dtype=_sum_dtype(self.device),
+                                     quantized=self.mode.quantized)
+
+    def _add(self, acc: InputStatsAccumulator, x: torch.Tensor, quantizer: Linear | None) -> None:
+        acc.add(x, quantizer.quantize_input(x) if self.mode.quantized else None)
 
     # --- observer protocol (kimi_nvfp4.model.observer) ---------------------------------------
     def on_linear(self, layer, module, x, y, expert=None, routed=True) -> None:
@@ -76,11 +117,13 @@ class ExpertStatsObserver:
             return
         if layer != self.layer:
             raise RuntimeError(f"expert statistics were set up for layer {self.layer} but saw layer {layer}")
+        if self.mode.quantized and self._linears is None:
+            return  # the observe pass: the served layer's scales are not chosen yet
         if expert is None:
-            if module == SHARED_INPUT_MODULE:
+            if module == SHARED_INPUT_MODULE and (not self.mode.quantized or self._shared_quantizer is not None):
                 if self.shared is None:
                     self.shared = self._accumulator(x.shape[-1])
-                self.shared.add(x)
+                self._add(self.shared, x, self._shared_quantizer)
             return
         group = _STATS_INPUT.get(module.rsplit(".", 1)[-1])
         if group is None or not module.startswith(_EXPERT_PREFIX):
@@ -88,7 +131,12 @@ class ExpertStatsObserver:
         acc = self.experts.get((expert, group))
         if acc is None:
             acc = self.experts[(expert, group)] = self._accumulator(x.shape[-1])
-        acc.add(x)
+        quantizer = None
+        if self.mode.quantized:
+            quantizer = self._linears[module]
+            if quantizer.input_quantizer() is None:
+                raise RuntimeError(f"layer {layer} {module}: w4a4 expert statistics need the W4A4 pass's linears")
+        self._add(acc, x, quantizer)
 
     def on_router(self, layer, topk_ids, topk_weights, n_experts=None) -> None:
         pass
@@ -105,10 +153,8 @@ class ExpertStatsObserver:
         if self.shared is None:
             self.shared = self._accumulator(widths[GATE_UP])
         for acc in [self.experts[k] for k in sorted(self.experts)] + [self.shared]:
-            ctx.all_reduce_sum_(acc.sum_squares)
-            ctx.all_reduce_sum_(acc.sum_fourth)
-            if acc.sum_outer is not None:
-                ctx.all_reduce_sum_(acc.sum_outer)
+            for total in acc.sums():
+                ctx.all_reduce_sum_(total)
             tokens = torch.tensor([acc.tokens], dtype=torch.int64, device=acc.sum_squares.device)
             acc.tokens = int(ctx.all_reduce_sum_(tokens)[0])
 

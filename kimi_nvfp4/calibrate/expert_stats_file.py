@@ -9,6 +9,13 @@ name, fsync, rename), read by `kimi-nvfp4 requantize`. Tensors, per routed exper
     experts.E.G.hessian         float32 [in, in]   X^T X / n  (hessian mode, where tokens >= the dense threshold)
     experts.E.G.fourth_moments  float64 [2]   mean ||x||^4, mean sum_j x_j^4 (with the hessian)
 
+and in `w4a4` mode, of the same rows and their NVFP4-quantized twins x~ (expert_stats.py):
+
+    experts.E.G.quantized_energy  float64 [in]   mean of x~_j^2
+    experts.E.G.cross_energy      float64 [in]   mean of x_j x~_j
+    experts.E.G.quantized_hessian float32 [in, in]   X~^T X~ / n   (with the hessian)
+    experts.E.G.cross             float32 [in, in]   X^T X~ / n    (with the hessian; row i: channel i of x)
+
 The dense threshold is the one requantize applies (`DENSE_MIN_TOKENS_PER_CHANNEL` x input width): a Hessian
 from fewer rows would be dropped there anyway, so it is not written (float32 on disk: K2.6's gate/up Hessian is
 205 MB per expert). The header metadata holds the layer, the mode and the fallback counts (`LayerStatsCounts`).
@@ -27,6 +34,7 @@ from safetensors import safe_open
 from ..checkpoint.writer import ShardWriter, WrittenShard
 from ..errors import CheckpointError
 from ..numerics.methods import ExpertInputStats
+from ..numerics.methods.output_aware.input_stats import QuantizedInputStats
 from ..numerics.methods.output_aware.refine import DENSE_MIN_TOKENS_PER_CHANNEL, DIAGONAL_MIN_TOKENS
 from .expert_stats import DOWN, GATE_UP, ExpertStatsMode, ExpertStatsObserver
 
@@ -69,9 +77,16 @@ def _enough_for_dense(tokens: int, width: int) -> bool:
 def _add(writer: ShardWriter, key: str, stats: ExpertInputStats, dense_ok: bool) -> bool:
     writer.add(f"{key}.tokens", torch.tensor(stats.tokens, dtype=torch.int64))
     writer.add(f"{key}.channel_energy", stats.channel_energy.detach().to("cpu", torch.float64).contiguous())
+    quantized = stats.quantized
+    if quantized is not None:
+        writer.add(f"{key}.quantized_energy", quantized.energy.detach().to("cpu", torch.float64).contiguous())
+        writer.add(f"{key}.cross_energy", quantized.cross_energy.detach().to("cpu", torch.float64).contiguous())
     if stats.hessian is None or not dense_ok:
         return False
     writer.add(f"{key}.hessian", stats.hessian.detach().to("cpu", HESSIAN_DISK_DTYPE).contiguous())
+    if quantized is not None:
+        writer.add(f"{key}.quantized_hessian", quantized.hessian.detach().to("cpu", HESSIAN_DISK_DTYPE).contiguous())
+        writer.add(f"{key}.cross", quantized.cross.detach().to("cpu", HESSIAN_DISK_DTYPE).contiguous())
     moments = [stats.mean_norm_fourth or 0.0, stats.mean_fourth_power or 0.0]
     writer.add(f"{key}.fourth_moments", torch.tensor(moments, dtype=torch.float64))
     return True
@@ -134,10 +149,17 @@ class LayerStatsFile:
             with safe_open(str(self.path), framework="pt") as f:
                 tokens = int(f.get_tensor(f"{key}.tokens"))
                 energy = f.get_tensor(f"{key}.channel_energy")
-                if f"{key}.hessian" not in self.names:
-                    return ExpertInputStats(tokens, energy)
+                dense = f"{key}.hessian" in self.names
+                quantized = None
+                if f"{key}.quantized_energy" in self.names:
+                    matrices = [f.get_tensor(f"{key}.{n}") for n in ("quantized_hessian", "cross")] if dense else []
+                    quantized = QuantizedInputStats(f.get_tensor(f"{key}.quantized_energy"),
+                                                    f.get_tensor(f"{key}.cross_energy"), *matrices)
+                if not dense:
+                    return ExpertInputStats(tokens, energy, quantized=quantized)
                 norm_fourth, fourth_power = f.get_tensor(f"{key}.fourth_moments").tolist()
-                return ExpertInputStats(tokens, energy, f.get_tensor(f"{key}.hessian"), norm_fourth, fourth_power)
+                return ExpertInputStats(tokens, energy, f.get_tensor(f"{key}.hessian"), norm_fourth, fourth_power,
+                                        quantized)
         except (OSError, KeyError, ValueError, RuntimeError) as e:
             raise CheckpointError(f"expert statistics are malformed ({e})", file=self.path, tensor=key) from None
 

@@ -1,6 +1,8 @@
 """calibrate's side of `--expert-stats`: one `ExpertStatsObserver` beside the collector, a file per MoE layer.
 
-`run_calibration` calls `start_layer` / `finish_layer` around each layer's observe pass; `record()` is what the
+`run_calibration` calls `start_layer` before each layer, `observe_done` after its observe pass, `advance_observer`
+for its W4A4 advance pass and `finish_layer` after it; the layer's file is written after the pass the mode
+records in (observe for diag/hessian, advance for w4a4: expert_stats.py). `record()` is what the
 manifest's `stages.calibrate.outputs.expert_stats` holds, the list requantize reads (each file with its sha256,
 so a statistics file changed since calibrate wrote it is refused, and each requantized shard names the files
 that produced it).
@@ -14,6 +16,7 @@ from typing import Any
 import torch
 
 from ..checkpoint.reader import CheckpointReader
+from ..model.layer_weights import LayerWeights
 from .expert_stats import DOWN, GATE_UP, CollectorWithExpertStats, ExpertStatsMode, ExpertStatsObserver
 from .expert_stats_file import LayerStatsCounts, write_layer_stats
 
@@ -30,14 +33,32 @@ class ExpertStatsHook:
         self.counts: list[LayerStatsCounts] = []
         self._observer: ExpertStatsObserver | None = None
 
-    def observer(self, collector: Any, device: torch.device) -> CollectorWithExpertStats:
+    def observer(self, collector: Any, device: torch.device) -> Any:
+        """The observe pass's observer: the collector with the expert statistics beside it (just the collector
+        when the statistics come from the advance pass)."""
         self._observer = ExpertStatsObserver(self.mode, device)
-        return CollectorWithExpertStats(collector, self._observer)
+        return collector if self.mode.quantized else CollectorWithExpertStats(collector, self._observer)
 
     def start_layer(self, layer: int) -> None:
         self._observer.start_layer(layer)
 
+    def observe_done(self, layer: int, reader: CheckpointReader, ctx: Any) -> None:
+        if not self.mode.quantized:
+            self._write(layer, reader, ctx)
+
+    def advance_observer(self, weights: LayerWeights) -> ExpertStatsObserver | None:
+        """The advance pass's observer (w4a4 mode: armed with the layer's W4A4 linears), or None."""
+        if not self.mode.quantized:
+            return None
+        self._observer.arm(weights)
+        return self._observer
+
     def finish_layer(self, layer: int, reader: CheckpointReader, ctx: Any) -> None:
+        """After the advance pass (or where a layer has none): w4a4 mode writes the layer's file now."""
+        if self.mode.quantized:
+            self._write(layer, reader, ctx)
+
+    def _write(self, layer: int, reader: CheckpointReader, ctx: Any) -> None:
         cfg = reader.layout.text
         if not cfg.is_moe_layer(layer):
             return

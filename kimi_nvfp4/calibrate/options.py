@@ -44,7 +44,9 @@ class CalibrateOptions(StageOptions):
     expert_stats: ExpertStatsMode = Field(
         ExpertStatsMode.NONE, description="Also record each routed expert's input statistics for `requantize` "
                                           "(OUTPUT/calibration/expert_stats/): diag = channel energies (act-diag), "
-                                          "hessian = also the dense X^T X where an expert saw enough tokens (gptq).")
+                                          "hessian = also the dense X^T X where an expert saw enough tokens (gptq); "
+                                          "w4a4 = the served inputs' E[x x^T], E[x~ x~^T], E[x x~^T] with x~ the "
+                                          "NVFP4-quantized input, from the W4A4 pass (gptq-w4a4, gptq-w4a4-diag).")
 
     # What decides the scales (with the data spec): `dtype` is left out, the manifest records the resolved one.
     RECORDED: ClassVar[tuple[str, ...]] = ("samples", "seq_len", "seed", "min_expert_tokens", "policy")

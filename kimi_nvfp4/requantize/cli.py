@@ -15,11 +15,12 @@ from .options import RequantizeOptions
 @cli_options(RequantizeOptions)
 @click.option("--no-progress", is_flag=True, help="Hide progress bars.")
 def requantize_command(output: str, source: str, options: RequantizeOptions, no_progress: bool) -> None:
-    """Rewrite OUTPUT's routed-expert shards with an output-aware scale method (act-diag, gptq).
+    """Rewrite OUTPUT's routed-expert shards with an output-aware scale method (act-diag, gptq, gptq-w4a4,
+    gptq-w4a4-diag).
 
-    OUTPUT must be converted and calibrated with --expert-stats (diag for act-diag, hessian for gptq). Only the
-    shards holding routed experts are rewritten (atomically, one at a time; a killed run resumes), then the input
-    scales are recalibrated. validate again before publishing: the old verdict judged other bytes.
+    OUTPUT must be converted and calibrated with --expert-stats (diag for act-diag, hessian for gptq, w4a4 for
+    gptq-w4a4 and gptq-w4a4-diag). Only the shards holding routed experts are rewritten (atomically, one at a time; a killed run
+    resumes), then the input scales are recalibrated. validate again before publishing: the old verdict judged other bytes.
     """
     from .api import requantize_checkpoint
 

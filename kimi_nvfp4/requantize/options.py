@@ -20,12 +20,15 @@ DEFAULT_REQUANTIZE_METHOD = "gptq"
 STATS_MODES_FOR = {
     StatisticsNeed.DIAGONAL: (ExpertStatsMode.DIAG, ExpertStatsMode.HESSIAN),
     StatisticsNeed.HESSIAN: (ExpertStatsMode.HESSIAN,),
+    # the served inputs' moments come from calibrate's W4A4 pass; the other methods' statistics are the W4A16
+    # observe pass's, so neither kind stands in for the other
+    StatisticsNeed.W4A4_HESSIAN: (ExpertStatsMode.W4A4,),
 }
 
 OutputAwareMethod = Enum(
     "OutputAwareMethod", {n.upper().replace("-", "_"): n for n in OUTPUT_AWARE_METHODS}, type=str
 )
-OutputAwareMethod.__doc__ = "Scale methods that need calibration statistics ('act-diag', 'gptq')."
+OutputAwareMethod.__doc__ = "Scale methods that need calibration statistics ('act-diag', 'gptq', 'gptq-w4a4', ...)."
 
 
 def expert_stats_mode_for(method: str) -> ExpertStatsMode:
@@ -36,7 +39,8 @@ def expert_stats_mode_for(method: str) -> ExpertStatsMode:
 class RequantizeOptions(StageOptions):
     method: OutputAwareMethod = Field(
         OutputAwareMethod(DEFAULT_REQUANTIZE_METHOD), description="Output-aware scale method for the routed experts (act-diag needs "
-                                               "calibrate --expert-stats diag or hessian, gptq needs hessian).")
+                                               "calibrate --expert-stats diag or hessian, gptq needs hessian, "
+                                               "gptq-w4a4 and gptq-w4a4-diag need w4a4).")
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N (where the methods run).")
     batch_experts: int = Field(BATCH_EXPERTS, ge=1, description="Experts refined together (GPTQ batches them).")
     recalibrate: Annotated[bool, Cli("--recalibrate/--no-recalibrate")] = Field(

@@ -237,3 +237,32 @@ def test_vs_modelopt_renderer_shows_multiples_of_the_best_recipe_and_failed_or_i
     assert "met by `gptq`" in text
     assert "`BAD` failed on this model, no row: RuntimeError: boom" in text
     assert "`AWQ` exported weights byte-identical to `DEFAULT`'s" in text
+
+
+def test_ours_only_renderer_shows_multiples_of_amax_and_gptq_and_paired_draws():
+    def row(name, seed, kl16, kl4):
+        return {"row": name, "seed": seed, "w4a16": {"kl_mean": kl16}, "w4a4": {"kl_mean": kl4}}
+
+    data = {
+        "command": "python bench/bench_accuracy_vs_modelopt.py --ours-only --seeds 1 2",
+        "settings": {"heldout": {"samples": 16, "seq_len": 256, "seeds": [1, 2]}},
+        "rows": [row("amax", 1, 0.02, 0.04), row("gptq", 1, 0.01, 0.03), row("new", 1, 0.012, 0.02),
+                 row("amax", 2, 0.02, 0.04), row("gptq", 2, 0.01, 0.03), row("new", 2, 0.012, 0.035)],
+        "summary": [_vs_modelopt_summary("amax", 0.02, 0.04, 0.9, 0.9, None),
+                    _vs_modelopt_summary("gptq", 0.01, 0.03, 0.95, 0.93, None),
+                    _vs_modelopt_summary("new", 0.012, 0.0275, 0.94, 0.94, None)],
+    }
+    text = REGISTRY["accuracy_ours_paired"](_context("ours", data))
+    assert "| `gptq` | 0.0100 (0.0090–0.0110) | 0.50x | 1.00x | 0.0300 (0.0270–0.0330) | 0.75x | 1.00x | — |" in text
+    assert "| `new` | 0.0120 (0.0108–0.0132) | 0.60x | 1.20x | 0.0275 (0.0248–0.0303) | 0.69x | 0.92x | 1 of 2 |" in text
+
+
+def test_w4a4_layer_error_renderer_shows_in_sample_and_other_tokens_multiples():
+    rows = [{"statistics": w, "input": g, "mode": m, "method": meth, "error": 1.0, "vs_int4_aware": v}
+            for w in ("in-sample", "other tokens") for g in ("gate_up", "down") for m in ("w4a4", "w4a16")
+            for meth, v in (("int4-aware", 1.0), ("new", 0.5 if w == "in-sample" else 1.25))]
+    data = {"command": "python bench/bench_w4a4_layer_error.py", "rows": rows,
+            "settings": {"fitted_seed": 0, "other_seed": 1, "samples": 16, "seq_len": 256, "sequences_shared": 0}}
+    text = REGISTRY["w4a4_layer_error"](_context("layer_error", data))
+    assert "| `new` | 0.500 | 1.250 | 0.500 | 1.250 | 0.500 | 1.250 | 0.500 | 1.250 |" in text
+    assert "calibrate seed 0 (fitted on) and seed 1 (16 × 256 tokens each, 0 sequences shared)" in text

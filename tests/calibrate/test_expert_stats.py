@@ -112,3 +112,85 @@ def test_no_expert_stats_by_default_and_the_record_is_unchanged(demo_pair):
     assert not (out / "calibration" / EXPERT_STATS_DIR).exists()
     record = load_manifest(out).stages["calibrate"]
     assert "expert_stats" not in record.settings and "expert_stats" not in record.outputs
+
+
+def test_w4a4_stats_are_the_served_inputs_and_their_quantized_twins(demo_pair, monkeypatch):
+    """`w4a4`: recorded in the W4A4 advance pass (not the observe pass), x~ being x fake-quantized with the
+    layer's static gate/up (down) input scale after SGLang's layer-max reduction, read back from the checkpoint."""
+    from safetensors.torch import load_file
+
+    from kimi_nvfp4.numerics.nvfp4 import fake_quantize_activation_nvfp4
+
+    src, out = demo_pair
+    rows: dict[tuple[int, int, str], list[torch.Tensor]] = {}
+    real = expert_stats_module.ExpertStatsObserver.on_linear
+
+    def recording(self, layer, module, x, y, expert=None, routed=True):
+        proj = module.rsplit(".", 1)[-1]
+        if self._linears is not None and routed and expert is not None and proj in GROUP_OF:
+            rows.setdefault((layer, expert, GROUP_OF[proj]), []).append(x.detach().float().clone())
+        return real(self, layer, module, x, y, expert=expert, routed=routed)
+
+    monkeypatch.setattr(expert_stats_module.ExpertStatsObserver, "on_linear", recording)
+    _calibrate(src, out, expert_stats="w4a4")
+    record = load_manifest(out).stages["calibrate"]
+    assert record.settings["expert_stats"] == "w4a4" and record.outputs["expert_stats"]["mode"] == "w4a4"
+    scales = {}
+    for path in out.glob("*.safetensors"):
+        scales.update({k: v for k, v in load_file(path).items() if k.endswith(".input_scale")})
+    checked = 0
+    for path in sorted((out / "calibration" / EXPERT_STATS_DIR).glob("*.safetensors")):
+        stats = read_layer_stats(path)
+        layer = stats.layer
+        projs = {"gate_up": ("gate_proj", "up_proj"), "down": ("down_proj",)}
+        layer_max = {g: max(float(v) for k, v in scales.items() if f"layers.{layer}.mlp.experts." in k
+                            and k.rsplit(".", 2)[-2] in p) for g, p in projs.items()}
+        assert set(stats.experts) == {(e, g) for (lay, e, g) in rows if lay == layer}
+        for (e, group), got in stats.experts.items():
+            x = torch.cat(rows[(layer, e, group)])
+            xq = fake_quantize_activation_nvfp4(x, torch.tensor(layer_max[group])).double()
+            x = x.double()
+            assert got.quantized is not None and got.tokens == x.shape[0]
+            torch.testing.assert_close(got.quantized.energy, xq.square().mean(0), rtol=1e-9, atol=1e-12)
+            torch.testing.assert_close(got.quantized.cross_energy, (x * xq).mean(0), rtol=1e-9, atol=1e-12)
+            if got.hessian is not None:
+                n = x.shape[0]
+                torch.testing.assert_close(got.quantized.hessian, (xq.T @ xq / n).float().double(), rtol=1e-5,
+                                           atol=1e-7)
+                torch.testing.assert_close(got.quantized.cross, (x.T @ xq / n).float().double(), rtol=1e-5,
+                                           atol=1e-7)
+                checked += 1
+            assert not torch.equal(got.quantized.energy, got.channel_energy)  # the inputs were quantized
+        assert stats.shared["gate_up"].quantized is not None
+    assert checked > 0
+
+
+def test_w4a4_stats_leave_the_input_scales_unchanged(demo_pair, tmp_path):
+    """Observing the advance pass changes nothing it computes: the same scales as calibrating with hessian."""
+    import shutil
+
+    src, out = demo_pair
+    other = tmp_path / "hessian"
+    shutil.copytree(out, other)
+    hessian = _calibrate(src, other, expert_stats="hessian")
+    served = _calibrate(src, out, expert_stats="w4a4")
+    assert served.shard_sha256 == hessian.shard_sha256
+
+
+def test_combine_ranks_adds_every_sum_of_the_w4a4_statistics():
+    """Two ranks that saw the same rows (an all-reduce that doubles): every running sum, the quantized ones
+    included, doubles with the token count, so the means are unchanged and nothing is left rank-local."""
+    from types import SimpleNamespace
+
+    observer = expert_stats_module.ExpertStatsObserver(expert_stats_module.ExpertStatsMode.W4A4)
+    observer.start_layer(1)
+    acc = observer._accumulator(32)
+    rows = torch.randn(40, 32, dtype=torch.float64)
+    acc.add(rows, rows.round())
+    observer.experts[(0, "gate_up")] = acc
+    before = [t.clone() for t in acc.sums()]
+    ctx = SimpleNamespace(distributed=True, all_reduce_sum_=lambda t: t.mul_(2))
+    observer.combine_ranks(ctx, {"gate_up": 32, "down": 16}, n_experts=2)
+    assert acc.tokens == 80 and len(before) == 7  # energies, fourth moments, H, and the four quantized sums
+    assert all(torch.equal(after, 2 * b) for after, b in zip(acc.sums(), before))
+    assert observer.experts[(1, "down")].quantized and observer.shared.quantized

@@ -167,7 +167,7 @@ def test_a_changed_statistics_file_is_refused_before_any_shard_is_written(calibr
 def test_requantize_help_lists_its_options():
     result = CliRunner().invoke(cli, ["requantize", "--help"])
     assert result.exit_code == 0, result.output
-    for option in ("--source", "--method [act-diag|gptq]", "--device", "--recalibrate / --no-recalibrate"):
+    for option in ("--source", "--method [act-diag|gptq|gptq-w4a4|gptq-w4a4-diag]", "--device", "--recalibrate / --no-recalibrate"):
         assert option in result.output
 
 

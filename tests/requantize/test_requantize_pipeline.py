@@ -30,9 +30,11 @@ def test_requantize_is_a_stage_after_calibrate():
     "requantize, calibrate, wanted",
     [({}, {}, None), ({"enabled": True, "method": "act-diag"}, {}, "diag"),
      ({"enabled": True, "method": "gptq"}, {}, "hessian"),
+     ({"enabled": True, "method": "gptq-w4a4"}, {}, "w4a4"),
+     ({"enabled": True, "method": "gptq-w4a4-diag"}, {}, "w4a4"),
      ({"enabled": True, "method": "act-diag"}, {"expert_stats": "hessian"}, "hessian"),
      ({"enabled": False, "method": "gptq"}, {}, None)],
-    ids=["off", "act-diag", "gptq", "explicit", "disabled"],
+    ids=["off", "act-diag", "gptq", "gptq-w4a4", "gptq-w4a4-diag", "explicit", "disabled"],
 )
 def test_calibrate_records_the_statistics_the_requantize_method_needs(requantize, calibrate, wanted):
     config = pipeline_config_from_dict({"requantize": requantize, "calibrate": calibrate})

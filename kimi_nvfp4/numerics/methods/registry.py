@@ -34,6 +34,14 @@ class StatisticsNeed(str, Enum):
     NONE = "none"  # weight-only: `convert` runs it
     DIAGONAL = "diagonal"  # each input channel's mean energy E[x_j**2] per expert
     HESSIAN = "hessian"  # the dense input Hessian X^T X / n per expert (falls back to the diagonal)
+    # the served (W4A4) input's moments per expert: E[x x^T], E[x~ x~^T], E[x x~^T] with x~ the NVFP4-quantized x
+    # (falls back to their diagonals)
+    W4A4_HESSIAN = "w4a4-hessian"
+
+    @property
+    def dense(self) -> bool:
+        """Whether a method with this need wants dense matrices where there are trustworthy ones."""
+        return self in (StatisticsNeed.HESSIAN, StatisticsNeed.W4A4_HESSIAN)
 
 
 @dataclass(frozen=True)

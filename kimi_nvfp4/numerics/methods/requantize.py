@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .output_aware.refine import BATCH_EXPERTS, ExpertMatrices, RefineSummary, refine_experts
-from .registry import ScaleMethod, StatisticsNeed, method_spec
+from .registry import ScaleMethod, method_spec
 
 __all__ = ["requantize_experts"]
 
@@ -26,5 +26,4 @@ def requantize_experts(
     spec = method_spec(method)
     if spec.refine is None:
         raise ValueError(f"scale method {spec.name!r} needs no statistics: convert runs it")
-    dense = spec.statistics is StatisticsNeed.HESSIAN
-    return refine_experts(spec.search, spec.refine, experts, dense=dense, batch_experts=batch_experts)
+    return refine_experts(spec.search, spec.refine, experts, dense=spec.statistics.dense, batch_experts=batch_experts)

@@ -29,19 +29,37 @@ from ...e2m1 import decode_e2m1, encode_e2m1, round_e2m1_magnitude
 from ...e4m3 import E4M3_MAX_BITS, E4M3_MIN_POSITIVE_BITS, e4m3_bits, e4m3_bits_to_fp32, round_block_scale_to_e4m3
 from .output_error import fixed_order_sum
 
-__all__ = ["BLOCK_COLUMNS", "HESSIAN_DAMPING", "SCALE_WINDOW", "gptq_quantize", "inverse_hessian_factor"]
+__all__ = [
+    "BLOCK_COLUMNS",
+    "DAMPING_GROWTH",
+    "DAMPING_RETRIES",
+    "HESSIAN_DAMPING",
+    "SCALE_WINDOW",
+    "gptq_quantize",
+    "inverse_hessian_factor",
+    "live_channel_hessian",
+]
 
 # H + damping * mean(diag H) * I (GPTQ's `percdamp`): keeps H invertible where calibration saw too few directions.
 HESSIAN_DAMPING = 0.01
 # Retries of a failed Cholesky factorisation, the damping multiplied by 10 each time (not seen on real-shaped data).
-_DAMPING_RETRIES = 4
-_DAMPING_GROWTH = 10.0
+DAMPING_RETRIES = 4
+DAMPING_GROWTH = 10.0
 # Columns per lazy batch (a multiple of the NVFP4 block): their errors reach the later columns in one bmm.
 BLOCK_COLUMNS = 128
 # Scale candidates for an updated block: E4M3 bit offsets around its amax/6 scale (Model Optimizer's target), the
 # search's own choice tried first. Unweighted optima lie within amax/7.2..amax/3.5 (offsets -2..+6, docs/numerics.md
 # "Why these candidates"); the window is one wider on each side, as weighting moves the optimum.
 SCALE_WINDOW = (-3, 7)
+
+
+def live_channel_hessian(hessian: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(H with H_jj = 1 where it was 0, the mean of that diagonal `[E]`): GPTQ's dead-channel rule, and the
+    scale of its damping (`damping * mean * I`, grown by DAMPING_GROWTH per failed factorisation)."""
+    h = hessian.clone()
+    diagonal = h.diagonal(dim1=-2, dim2=-1)
+    diagonal.masked_fill_(diagonal == 0, 1.0)
+    return h, fixed_order_sum(diagonal) / h.shape[-1]
 
 
 def inverse_hessian_factor(hessian: torch.Tensor, damping: float = HESSIAN_DAMPING) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,19 +71,16 @@ def inverse_hessian_factor(hessian: torch.Tensor, damping: float = HESSIAN_DAMPI
     triangular solve, no explicit inverse. Channels with zero energy get H_jj = 1 first (GPTQ's dead-channel
     rule: nothing propagates through them).
     """
-    h = hessian.clone()
-    diagonal = h.diagonal(dim1=-2, dim2=-1)
-    diagonal.masked_fill_(diagonal == 0, 1.0)
-    mean = fixed_order_sum(diagonal) / h.shape[-1]  # [E]
+    h, mean = live_channel_hessian(hessian)
     eye = torch.eye(h.shape[-1], dtype=h.dtype, device=h.device)
     reversed_h = h.flip(-2, -1)
     factor = torch.zeros_like(h)
     ok = torch.zeros(h.shape[0], dtype=torch.bool, device=h.device)
-    for attempt in range(_DAMPING_RETRIES + 1):
+    for attempt in range(DAMPING_RETRIES + 1):
         todo = (~ok).nonzero().reshape(-1)
         if not todo.numel():
             break
-        extra = damping * _DAMPING_GROWTH**attempt * mean[todo]
+        extra = damping * DAMPING_GROWTH**attempt * mean[todo]
         lower, info = torch.linalg.cholesky_ex(reversed_h[todo] + extra.view(-1, 1, 1) * eye)
         good = info == 0
         inverse = torch.linalg.solve_triangular(lower[good], eye.expand(int(good.sum()), -1, -1), upper=False)

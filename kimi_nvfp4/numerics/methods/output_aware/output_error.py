@@ -6,6 +6,11 @@ model's output is the target, never BF16 weights) and Q the NVFP4 tensor as it d
 methods are guarded with it: a matrix keeps the weight-error search's result unless the refinement has a
 smaller error here.
 
+With statistics of the served (W4A4) inputs (`ExpertInputStats.quantized`), the error is the one the served layer
+makes: `E||W x - Q x~||^2 = tr(W H W^T) - 2 tr(W C Q^T) + tr(Q H~ Q^T)` (input_stats.py), or channel by channel
+`sum_j (H_jj w_j^2 - 2 C_jj w_j q_j + H~_jj q_j^2)` with the diagonals only (each term is the channel's own
+`E(w_j x_j - q_j x~_j)^2`, so never negative).
+
 Determinism: differences are exact in float64 (both operands are fp32); the diagonal form uses only elementwise
 float64 operations and fixed-order pairwise sums (`fixed_order_sum`), so it is identical on every device. The
 dense form multiplies by H with a matrix product, whose summation order is the BLAS library's (CPU and CUDA may
@@ -43,6 +48,8 @@ def row_output_errors(weight: torch.Tensor, dequantized: torch.Tensor, stats: Ex
     """float64 `[out]`: each output row's weighted squared error (`weight`, `dequantized`: fp32 `[out, in]`)."""
     energy = stats.channel_energy.to(weight.device)
     hessian = None if stats.hessian is None else stats.hessian.to(weight.device)
+    if stats.quantized is not None:
+        return _served_row_errors(weight, dequantized, stats)
     rows = []
     for start in range(0, weight.shape[0], _ROWS_PER_STEP):
         diff = weight[start : start + _ROWS_PER_STEP].double() - dequantized[start : start + _ROWS_PER_STEP].double()
@@ -50,6 +57,25 @@ def row_output_errors(weight: torch.Tensor, dequantized: torch.Tensor, stats: Ex
             rows.append(fixed_order_sum(diff * diff * energy))
         else:
             rows.append(fixed_order_sum((diff @ hessian) * diff))
+    return torch.cat(rows) if rows else torch.zeros(0, dtype=torch.float64, device=weight.device)
+
+
+def _served_row_errors(weight: torch.Tensor, dequantized: torch.Tensor, stats: ExpertInputStats) -> torch.Tensor:
+    """float64 `[out]`: each row's expected W4A4 error `E(w.x - q.x~)^2` (module docstring)."""
+    q = stats.quantized.to(weight.device)
+    rows = []
+    if stats.hessian is None:
+        energy = stats.channel_energy.to(weight.device)
+        for start in range(0, weight.shape[0], _ROWS_PER_STEP):
+            w = weight[start : start + _ROWS_PER_STEP].double()
+            d = dequantized[start : start + _ROWS_PER_STEP].double()
+            rows.append(fixed_order_sum(w * w * energy - 2.0 * w * d * q.cross_energy + d * d * q.energy))
+    else:
+        hessian = stats.hessian.to(weight.device)
+        for start in range(0, weight.shape[0], _ROWS_PER_STEP):
+            w = weight[start : start + _ROWS_PER_STEP].double()
+            d = dequantized[start : start + _ROWS_PER_STEP].double()
+            rows.append(fixed_order_sum((w @ hessian) * w - 2.0 * (w @ q.cross) * d + (d @ q.hessian) * d))
     return torch.cat(rows) if rows else torch.zeros(0, dtype=torch.float64, device=weight.device)
 
 
