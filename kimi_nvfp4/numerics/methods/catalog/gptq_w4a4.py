@@ -88,7 +88,9 @@ METHOD = ScaleMethodSpec(
     description=(
         "int4-aware's tensor scale, then GPTQ for the served W4A4 layer: Hessian E[x~x~ᵀ] of the NVFP4-quantized "
         "calibration inputs and target W·E[x x~ᵀ]·E[x~x~ᵀ]⁻¹ (the INT4 weights' Wiener filter for quantized "
-        "inputs); never worse than int4-aware on the expected W4A4 output error."
+        "inputs); never worse than int4-aware on the expected W4A4 output error. Experimental: measured worse "
+        "than gptq in W4A4 KL on the demo model (the correction fits the calibration tokens; docs/benchmarks.md "
+        "§13.3)."
     ),
     search=INT4_AWARE_SEARCH,
     statistics=StatisticsNeed.W4A4_HESSIAN,

@@ -29,7 +29,8 @@ METHOD = ScaleMethodSpec(
     description=(
         "gptq-w4a4 with a per-input-channel Wiener gain E[x_j x~_j]/E[x~_j²] on the INT4 weights instead of the dense "
         "Wiener filter (fewer coefficients to fit from an expert's tokens); GPTQ with the quantized inputs' Hessian; "
-        "never worse than int4-aware on the expected W4A4 output error."
+        "never worse than int4-aware on the expected W4A4 output error. Experimental: measured worse than gptq "
+        "in W4A4 KL on the demo model (the correction fits the calibration tokens; docs/benchmarks.md §13.3)."
     ),
     search=INT4_AWARE_SEARCH,
     statistics=StatisticsNeed.W4A4_HESSIAN,
