@@ -194,3 +194,33 @@ def test_combine_ranks_adds_every_sum_of_the_w4a4_statistics():
     assert acc.tokens == 80 and len(before) == 7  # energies, fourth moments, H, and the four quantized sums
     assert all(torch.equal(after, 2 * b) for after, b in zip(acc.sums(), before))
     assert observer.experts[(1, "down")].quantized and observer.shared.quantized
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_w4a4_stats_on_cuda_match_the_cpu_reference(demo_pair, tmp_path):
+    """The CUDA path (fused activation quantizer in the advance pass, float32 sums) records the statistics the CPU
+    reference does, within float32 accumulation and fp32-compute differences (both runs in float32)."""
+    import shutil
+
+    src, out = demo_pair
+    gpu = tmp_path / "gpu"
+    shutil.copytree(out, gpu)
+    _calibrate(src, out, expert_stats="w4a4", dtype="float32")
+    calibrate_checkpoint(gpu, src, "sample", samples=SAMPLES, seq_len=SEQ_LEN, device="cuda", progress=False,
+                         expert_stats="w4a4", dtype="float32")
+    files = sorted((out / "calibration" / EXPERT_STATS_DIR).glob("*.safetensors"))
+    assert files
+    for path in files:
+        cpu_stats = read_layer_stats(path)
+        gpu_stats = read_layer_stats(gpu / "calibration" / EXPERT_STATS_DIR / path.name)
+        same = [k for k, ref in cpu_stats.experts.items()
+                if k in gpu_stats.experts and gpu_stats.experts[k].tokens == ref.tokens]
+        # fp32 on both sides: a token whose two best router scores tie to 1e-7 may still go elsewhere
+        assert len(same) >= 0.9 * len(cpu_stats.experts)
+        for key in same:
+            ref, got = cpu_stats.experts[key], gpu_stats.experts[key]
+            torch.testing.assert_close(got.quantized.energy, ref.quantized.energy, rtol=1e-3, atol=1e-6)
+            torch.testing.assert_close(got.quantized.cross_energy, ref.quantized.cross_energy, rtol=1e-3, atol=1e-6)
+            if ref.quantized.hessian is not None:
+                torch.testing.assert_close(got.quantized.hessian, ref.quantized.hessian, rtol=1e-2, atol=1e-5)
