@@ -114,7 +114,14 @@ def test_no_expert_stats_by_default_and_the_record_is_unchanged(demo_pair):
     assert "expert_stats" not in record.settings and "expert_stats" not in record.outputs
 
 
-def test_w4a4_stats_are_the_served_inputs_and_their_quantized_twins(demo_pair, monkeypatch):
+# On CUDA (the H200 run: the fused activation quantizer in the advance pass, float32 sums, float32 compute so
+# that the recorded rows are what was summed) the sums are float32: 1e-5 relative instead of float64's 1e-9.
+W4A4_DEVICES = [("cpu", 1e-9, 1e-12), pytest.param("cuda", 1e-5, 1e-7, marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA")])]
+
+
+@pytest.mark.parametrize(("device", "rtol", "atol"), W4A4_DEVICES)
+def test_w4a4_stats_are_the_served_inputs_and_their_quantized_twins(demo_pair, monkeypatch, device, rtol, atol):
     """`w4a4`: recorded in the W4A4 advance pass (not the observe pass), x~ being x fake-quantized with the
     layer's static gate/up (down) input scale after SGLang's layer-max reduction, read back from the checkpoint."""
     from safetensors.torch import load_file
@@ -128,11 +135,12 @@ def test_w4a4_stats_are_the_served_inputs_and_their_quantized_twins(demo_pair, m
     def recording(self, layer, module, x, y, expert=None, routed=True):
         proj = module.rsplit(".", 1)[-1]
         if self._linears is not None and routed and expert is not None and proj in GROUP_OF:
-            rows.setdefault((layer, expert, GROUP_OF[proj]), []).append(x.detach().float().clone())
+            rows.setdefault((layer, expert, GROUP_OF[proj]), []).append(x.detach().float().cpu().clone())
         return real(self, layer, module, x, y, expert=expert, routed=routed)
 
     monkeypatch.setattr(expert_stats_module.ExpertStatsObserver, "on_linear", recording)
-    _calibrate(src, out, expert_stats="w4a4")
+    calibrate_checkpoint(out, src, "sample", samples=SAMPLES, seq_len=SEQ_LEN, device=device, progress=False,
+                         expert_stats="w4a4", dtype="float32")
     record = load_manifest(out).stages["calibrate"]
     assert record.settings["expert_stats"] == "w4a4" and record.outputs["expert_stats"]["mode"] == "w4a4"
     scales = {}
@@ -151,8 +159,8 @@ def test_w4a4_stats_are_the_served_inputs_and_their_quantized_twins(demo_pair, m
             xq = fake_quantize_activation_nvfp4(x, torch.tensor(layer_max[group])).double()
             x = x.double()
             assert got.quantized is not None and got.tokens == x.shape[0]
-            torch.testing.assert_close(got.quantized.energy, xq.square().mean(0), rtol=1e-9, atol=1e-12)
-            torch.testing.assert_close(got.quantized.cross_energy, (x * xq).mean(0), rtol=1e-9, atol=1e-12)
+            torch.testing.assert_close(got.quantized.energy, xq.square().mean(0), rtol=rtol, atol=atol)
+            torch.testing.assert_close(got.quantized.cross_energy, (x * xq).mean(0), rtol=rtol, atol=atol)
             if got.hessian is not None:
                 n = x.shape[0]
                 torch.testing.assert_close(got.quantized.hessian, (xq.T @ xq / n).float().double(), rtol=1e-5,
@@ -195,32 +203,3 @@ def test_combine_ranks_adds_every_sum_of_the_w4a4_statistics():
     assert all(torch.equal(after, 2 * b) for after, b in zip(acc.sums(), before))
     assert observer.experts[(1, "down")].quantized and observer.shared.quantized
 
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_w4a4_stats_on_cuda_match_the_cpu_reference(demo_pair, tmp_path):
-    """The CUDA path (fused activation quantizer in the advance pass, float32 sums) records the statistics the CPU
-    reference does, within float32 accumulation and fp32-compute differences (both runs in float32)."""
-    import shutil
-
-    src, out = demo_pair
-    gpu = tmp_path / "gpu"
-    shutil.copytree(out, gpu)
-    _calibrate(src, out, expert_stats="w4a4", dtype="float32")
-    calibrate_checkpoint(gpu, src, "sample", samples=SAMPLES, seq_len=SEQ_LEN, device="cuda", progress=False,
-                         expert_stats="w4a4", dtype="float32")
-    files = sorted((out / "calibration" / EXPERT_STATS_DIR).glob("*.safetensors"))
-    assert files
-    for path in files:
-        cpu_stats = read_layer_stats(path)
-        gpu_stats = read_layer_stats(gpu / "calibration" / EXPERT_STATS_DIR / path.name)
-        same = [k for k, ref in cpu_stats.experts.items()
-                if k in gpu_stats.experts and gpu_stats.experts[k].tokens == ref.tokens]
-        # fp32 on both sides: a token whose two best router scores tie to 1e-7 may still go elsewhere
-        assert len(same) >= 0.9 * len(cpu_stats.experts)
-        for key in same:
-            ref, got = cpu_stats.experts[key], gpu_stats.experts[key]
-            torch.testing.assert_close(got.quantized.energy, ref.quantized.energy, rtol=1e-3, atol=1e-6)
-            torch.testing.assert_close(got.quantized.cross_energy, ref.quantized.cross_energy, rtol=1e-3, atol=1e-6)
-            if ref.quantized.hessian is not None:
-                torch.testing.assert_close(got.quantized.hessian, ref.quantized.hessian, rtol=1e-2, atol=1e-5)
