@@ -3,6 +3,8 @@ each KimiNvfp4Error subclass keeps its own code. The bug is injected into the fu
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 
 from kimi_nvfp4.cli import COMMANDS, main
@@ -20,6 +22,13 @@ from kimi_nvfp4.errors import (
 from kimi_nvfp4.pipeline.config import ConfigError
 from kimi_nvfp4.publish.upload import HubAuthError
 from kimi_nvfp4.serve_check.launcher import ServerLaunchError
+
+# Modules that bind an injection point's function by name when first imported (`from .agent_sessions import
+# generate_agent_sessions`): imported here, before any test patches, so that no patch outlives its test inside them
+# (a first import during the `data` case kept the injected bug in `data.loaders`, and a later `demo` in the same
+# process failed in calibrate).
+for _name in ("kimi_nvfp4.data.loaders", "kimi_nvfp4.pipeline.stages"):
+    importlib.import_module(_name)
 
 
 class InjectedBug(RuntimeError):
