@@ -22,6 +22,8 @@ code whose value sits on a rounding boundary flips. The CPU is the reference (do
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 
 from ...constants import E2M1_MAX, NVFP4_BLOCK_SIZE
@@ -35,6 +37,7 @@ __all__ = [
     "DAMPING_RETRIES",
     "HESSIAN_DAMPING",
     "SCALE_WINDOW",
+    "dampened_cholesky",
     "gptq_quantize",
     "inverse_hessian_factor",
     "live_channel_hessian",
@@ -62,6 +65,26 @@ def live_channel_hessian(hessian: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     return h, fixed_order_sum(diagonal) / h.shape[-1]
 
 
+def dampened_cholesky(
+    h: torch.Tensor, mean: torch.Tensor, damping: float
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Lower Cholesky factors of `h + damping * mean * I` `[E, n, n]`, the damping grown by DAMPING_GROWTH for the
+    experts whose factorisation failed, up to DAMPING_RETRIES times: yields `(experts, lower)` per attempt that
+    factorised some (indices `[k]`, factors `[k, n, n]`); experts never yielded stayed indefinite."""
+    eye = torch.eye(h.shape[-1], dtype=h.dtype, device=h.device)
+    ok = torch.zeros(h.shape[0], dtype=torch.bool, device=h.device)
+    for attempt in range(DAMPING_RETRIES + 1):
+        todo = (~ok).nonzero().reshape(-1)
+        if not todo.numel():
+            return
+        extra = damping * DAMPING_GROWTH**attempt * mean[todo]
+        lower, info = torch.linalg.cholesky_ex(h[todo] + extra.view(-1, 1, 1) * eye)
+        good = info == 0
+        if bool(good.any()):
+            ok[todo[good]] = True
+            yield todo[good], lower[good]
+
+
 def inverse_hessian_factor(hessian: torch.Tensor, damping: float = HESSIAN_DAMPING) -> tuple[torch.Tensor, torch.Tensor]:
     """(U, ok): the upper Cholesky factor of the dampened inverse Hessian `[E, in, in]`, and a bool `[E]` that is
     False where no damping up to `damping * 10**4` made H positive definite (U is then the identity).
@@ -73,19 +96,12 @@ def inverse_hessian_factor(hessian: torch.Tensor, damping: float = HESSIAN_DAMPI
     """
     h, mean = live_channel_hessian(hessian)
     eye = torch.eye(h.shape[-1], dtype=h.dtype, device=h.device)
-    reversed_h = h.flip(-2, -1)
     factor = torch.zeros_like(h)
     ok = torch.zeros(h.shape[0], dtype=torch.bool, device=h.device)
-    for attempt in range(DAMPING_RETRIES + 1):
-        todo = (~ok).nonzero().reshape(-1)
-        if not todo.numel():
-            break
-        extra = damping * DAMPING_GROWTH**attempt * mean[todo]
-        lower, info = torch.linalg.cholesky_ex(reversed_h[todo] + extra.view(-1, 1, 1) * eye)
-        good = info == 0
-        inverse = torch.linalg.solve_triangular(lower[good], eye.expand(int(good.sum()), -1, -1), upper=False)
-        factor[todo[good]] = inverse.flip(-2, -1)
-        ok[todo[good]] = True
+    for experts, lower in dampened_cholesky(h.flip(-2, -1), mean, damping):
+        inverse = torch.linalg.solve_triangular(lower, eye.expand(experts.numel(), -1, -1), upper=False)
+        factor[experts] = inverse.flip(-2, -1)
+        ok[experts] = True
     factor[~ok] = eye
     return factor, ok
 

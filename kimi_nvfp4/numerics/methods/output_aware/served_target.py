@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from .gptq_solver import DAMPING_GROWTH, DAMPING_RETRIES, HESSIAN_DAMPING, live_channel_hessian
+from .gptq_solver import HESSIAN_DAMPING, dampened_cholesky, live_channel_hessian
 
 __all__ = ["served_target"]
 
@@ -45,20 +45,9 @@ def served_target(
     W itself as the target.
     """
     h, mean = live_channel_hessian(quantized_hessian)
-    eye = torch.eye(h.shape[-1], dtype=h.dtype, device=h.device)
     # (W (C - H~))^T: right-hand sides for the symmetric system (H~ + dI) X^T = (W (C - H~))^T, W' = W + X
     rhs = torch.bmm(weight, cross - quantized_hessian).transpose(-2, -1)
     target = weight.clone()
-    ok = torch.zeros(h.shape[0], dtype=torch.bool, device=h.device)
-    for attempt in range(DAMPING_RETRIES + 1):
-        todo = (~ok).nonzero().reshape(-1)
-        if not todo.numel():
-            break
-        extra = damping * DAMPING_GROWTH**attempt * mean[todo]
-        lower, info = torch.linalg.cholesky_ex(h[todo] + extra.view(-1, 1, 1) * eye)
-        good = info == 0
-        if bool(good.any()):
-            solved = torch.cholesky_solve(rhs[todo[good]], lower[good])
-            target[todo[good]] += solved.transpose(-2, -1)
-            ok[todo[good]] = True
+    for experts, lower in dampened_cholesky(h, mean, damping):
+        target[experts] += torch.cholesky_solve(rhs[experts], lower).transpose(-2, -1)
     return target
