@@ -23,6 +23,13 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(_NO_CUDA)
 
 
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def stage_device(request) -> str:
+    """Where a model-stage test runs: the CPU reference, and CUDA on the GPU runs (gpu-marked, so skipped without
+    CUDA by `pytest_collection_modifyitems`)."""
+    return request.param
+
+
 @pytest.fixture(name="make_tiny_k2")
 def make_tiny_k2_fixture() -> Callable[..., Path]:
     """Factory fixture: `make_tiny_k2(tmp_path / "src", layers=4, shards=3, vocab_size=256)`."""

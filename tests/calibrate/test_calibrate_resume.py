@@ -9,7 +9,6 @@ import shutil
 from collections import Counter
 
 import pytest
-import torch
 
 from kimi_nvfp4.calibrate import INPUT_SCALES_SHARD, calibrate_checkpoint
 from kimi_nvfp4.errors import OutputError
@@ -56,26 +55,21 @@ def _numbers(report) -> dict:
     return data
 
 
-# On CUDA the snapshots are written from and loaded back onto the GPU (the H200 run).
-DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs CUDA")])]
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_a_killed_calibration_resumes_after_the_last_snapshot(converted_pair, tmp_path, loads, device):
+def test_a_killed_calibration_resumes_after_the_last_snapshot(converted_pair, tmp_path, loads, stage_device):
     src, out = converted_pair
     fresh = tmp_path / "fresh"
     shutil.copytree(out, fresh)
-    expected = calibrate_checkpoint(fresh, src, "sample", **{**OPTIONS, "device": device})
+    options = {**OPTIONS, "device": stage_device}  # CUDA: snapshots written from and loaded back onto the GPU
+    expected = calibrate_checkpoint(fresh, src, "sample", **options)
     assert not (fresh / RESUME_DIR).exists()  # removed once the stage succeeded
     loads.clear()
 
-    _killed(out, src, loads, device=device)
+    _killed(out, src, loads, device=stage_device)
     record = json.loads((out / RESUME_DIR / "calibrate" / RECORD_NAME).read_text())
     assert record["layer"] == FAIL_AT - 1 and record["world_size"] == 1
     assert not (out / INPUT_SCALES_SHARD).exists()  # nothing of the stage's output was written
 
-    resumed = calibrate_checkpoint(out, src, "sample", **{**OPTIONS, "device": device})
+    resumed = calibrate_checkpoint(out, src, "sample", **options)
     assert loads == Counter({FAIL_AT: 1})  # layers 0 and 1 came from the snapshot
     assert (out / INPUT_SCALES_SHARD).read_bytes() == (fresh / INPUT_SCALES_SHARD).read_bytes()
     assert _numbers(resumed) == _numbers(expected)

@@ -7,7 +7,6 @@ import logging
 from collections import Counter
 
 import pytest
-import torch
 
 from kimi_nvfp4.model import weights as model_weights
 from kimi_nvfp4.stage_kit import resume as resume_module
@@ -61,22 +60,17 @@ def _numbers(report) -> dict:
     return data
 
 
-# On CUDA the snapshots are written from and loaded back onto the GPU (the H200 run).
-DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs CUDA")])]
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_a_killed_validation_resumes_with_the_same_report(calibrated_pair, tmp_path, counts, device):
+def test_a_killed_validation_resumes_with_the_same_report(calibrated_pair, tmp_path, counts, stage_device):
     src, out = calibrated_pair
-    expected = validate_checkpoint(out, src, "sample", report_dir=tmp_path / "fresh", **{**OPTIONS, "device": device})
+    options = {**OPTIONS, "device": stage_device}  # CUDA: snapshots written from and loaded back onto the GPU
+    expected = validate_checkpoint(out, src, "sample", report_dir=tmp_path / "fresh", **options)
     assert not (tmp_path / "fresh" / RESUME_DIR).exists()
     counts.clear()
 
     report_dir = tmp_path / "report"
-    _killed(out, src, report_dir, counts, device=device)
+    _killed(out, src, report_dir, counts, device=stage_device)
     assert not (report_dir / "validate_report.json").exists()
-    resumed = validate_checkpoint(out, src, "sample", report_dir=report_dir, **{**OPTIONS, "device": device})
+    resumed = validate_checkpoint(out, src, "sample", report_dir=report_dir, **options)
     assert counts == Counter({FAIL_AT: 2})  # the last layer of each checkpoint, once; no second structural scan
     assert _numbers(resumed) == _numbers(expected)
     assert resumed.baseline is not None and len(resumed.end_to_end) == 2
