@@ -98,3 +98,35 @@ def accuracy_ours_paired(ctx: BlockContext) -> str:
               num(s["w4a4.top1"]["mean"], 3)] for s in summary],
         ))
     return "\n\n".join(parts)
+
+
+FLOOR_ROW_PREFIX = "exact weights"  # bench_w4a4_floor.floor_rows: bounds with no weight error, not methods
+
+
+def _goal_cell(s: dict) -> str:
+    if s["row"].startswith(FLOOR_ROW_PREFIX):
+        return "(bound)"
+    return "yes" if s["meets_w4a4_goal"] else "no"
+
+
+@renderer("w4a4_floor")
+def w4a4_floor(ctx: BlockContext) -> str:
+    """bench_w4a4_floor.py: W4A4 KL of the checkpoints, of the exact-weight floor and of the activation-side
+    transforms, each as a multiple of `amax`'s W4A4 KL in the same file, against issue 16's goal."""
+    parts = [provenance(ctx)]
+    for r in ctx.results:
+        r.require("settings")
+        summary = _rows(r, "summary")
+        held = r.data["settings"].get("heldout", {})
+        goal = r.data["settings"].get("goal_w4a4_ratio")
+        parts.append(
+            f"`{r.path}` — held-out draws (seeds) {', '.join(map(str, held.get('seeds', [])))} of "
+            f"{held.get('samples', MISSING)} × {held.get('seq_len', MISSING)} tokens; mean (min–max) over the draws; "
+            f"x amax = multiple of `amax`'s mean W4A4 KL in this run (issue 16's goal: ≤ {num(goal, 2, 'x')}):")
+        parts.append(table(
+            ["row", "KL W4A4", "x amax", "KL W4A16 (same weights)", "top-1 W4A4", f"≤ {num(goal, 2, 'x')} amax"],
+            [[f"`{s['row']}`", _spread(s["w4a4.kl_mean"], 4), num(s["w4a4_kl_vs_amax"], 2, "x"),
+              _spread(s["w4a16.kl_mean"], 4) if "w4a16.kl_mean" in s else MISSING,
+              num(s["w4a4.top1"]["mean"], 3), _goal_cell(s)] for s in summary],
+        ))
+    return "\n\n".join(parts)
