@@ -29,6 +29,7 @@ import torch
 from ...constants import E2M1_MAX, NVFP4_BLOCK_SIZE
 from ...e2m1 import decode_e2m1, encode_e2m1, round_e2m1_magnitude
 from ...e4m3 import E4M3_MAX_BITS, E4M3_MIN_POSITIVE_BITS, e4m3_bits, e4m3_bits_to_fp32, round_block_scale_to_e4m3
+from ...triton_support import triton_module
 from .output_error import fixed_order_sum
 
 __all__ = [
@@ -54,6 +55,9 @@ BLOCK_COLUMNS = 128
 # search's own choice tried first. Unweighted optima lie within amax/7.2..amax/3.5 (offsets -2..+6, docs/numerics.md
 # "Why these candidates"); the window is one wider on each side, as weighting moves the optimum.
 SCALE_WINDOW = (-3, 7)
+# On CUDA, a block's 16 column steps run as one Triton kernel (numerics/gptq_block_kernel.py: the same bits) instead
+# of ~25 elementwise kernels per column, which left the loop launch-bound; False keeps the torch loop everywhere.
+USE_FUSED_GPTQ = True
 
 
 def live_channel_hessian(hessian: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -139,6 +143,29 @@ def _choose_block_scales(
     return torch.gather(bits, 0, first.unsqueeze(0)).squeeze(0)
 
 
+def _block_columns_reference(
+    batch: torch.Tensor, block_start: int, divisor: torch.Tensor, upper: torch.Tensor, diagonal: torch.Tensor,
+    column: int, codes: torch.Tensor, errors: torch.Tensor,
+) -> None:
+    """One 16-column block's column steps (torch; the CPU path and the fused kernel's reference): quantize column j
+    with the block's scales, record its error `(w - q) / U_jj`, push it onto the block's later columns."""
+    block_stop = block_start + NVFP4_BLOCK_SIZE
+    for j in range(block_start, block_stop):
+        code, quantized = _quantized(batch[..., j], divisor)
+        codes[..., column + j - block_start] = code
+        error = (batch[..., j] - quantized) / diagonal[:, column + j - block_start].view(-1, 1)
+        offset = column - block_start
+        batch[..., j:block_stop] -= error.unsqueeze(-1) * upper[:, offset + j, offset + j : offset + block_stop].unsqueeze(1)
+        errors[..., j] = error
+
+
+def _fused_block_kernel(device: torch.device):
+    """numerics/gptq_block_kernel.py on CUDA where Triton is installed and USE_FUSED_GPTQ, else None."""
+    if device.type != "cuda" or not USE_FUSED_GPTQ:
+        return None
+    return triton_module("gptq_block_kernel")
+
+
 def gptq_quantize(
     weight: torch.Tensor, hessian: torch.Tensor, weight_scale_2: torch.Tensor, search_bits: torch.Tensor,
     *, block_columns: int = BLOCK_COLUMNS,
@@ -161,6 +188,7 @@ def gptq_quantize(
     codes = torch.empty((experts, rows, in_features), dtype=torch.uint8, device=weight.device)
     bits = torch.empty((experts, rows, in_features // NVFP4_BLOCK_SIZE), dtype=torch.uint8, device=weight.device)
     diagonal = upper.diagonal(dim1=-2, dim2=-1)  # [E, in]
+    kernel = _fused_block_kernel(weight.device)
     scale_2 = weight_scale_2.view(-1, 1)
     for start in range(0, in_features, block_columns):
         stop = min(in_features, start + block_columns)
@@ -178,12 +206,10 @@ def gptq_quantize(
             )
             bits[..., column // NVFP4_BLOCK_SIZE] = block_bits
             divisor = e4m3_bits_to_fp32(block_bits) * scale_2  # [E, R] fp32, as dequantize forms it
-            for j in range(block_start, block_stop):
-                code, quantized = _quantized(batch[..., j], divisor)
-                codes[..., start + j] = code
-                error = (batch[..., j] - quantized) / diagonal[:, start + j].view(-1, 1)
-                batch[..., j:block_stop] -= error.unsqueeze(-1) * upper[:, start + j, start + j : start + block_stop].unsqueeze(1)
-                errors[..., j] = error
+            if kernel is not None:
+                kernel.gptq_block_columns(batch, block_start, divisor, upper, column, codes, errors)
+            else:
+                _block_columns_reference(batch, block_start, divisor, upper, diagonal, column, codes, errors)
             if block_stop < stop - start:
                 block_errors = errors[..., block_start:block_stop]
                 batch[..., block_stop:] -= torch.bmm(block_errors, upper[:, column : start + block_stop, start + block_stop : stop])
