@@ -107,8 +107,24 @@ def _clock(device: str) -> float:
     return time.process_time()
 
 
+def _profiled(fn, top: int = 15):
+    """(fn(), the profiler's top ops by self time on the device (CUDA) or CPU) for `--profile`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        out = fn()
+        if cuda:
+            torch.cuda.synchronize()
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    events = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)[:top]
+    ops = [{"name": e.key[:120], "count": e.count, "self_ms": getattr(e, key) / 1e3,
+            "cpu_total_ms": e.cpu_time_total / 1e3} for e in events]
+    return out, ops
+
+
 def run_methods(experts: list[tuple[str, list[list[Int4Matrix]], Activations]], calibration: int, evaluation: int,
-                methods: tuple[str, ...], device: str) -> dict:
+                methods: tuple[str, ...], device: str, profile: bool = False) -> dict:
     """`experts`: per input kind, the matrices of each expert reading it (all refined together) and the
     activation source (every expert draws its own calibration rows from it; errors use the first expert)."""
     results: dict[str, dict] = {}
@@ -132,7 +148,10 @@ def run_methods(experts: list[tuple[str, list[list[Int4Matrix]], Activations]], 
                 outputs = [quantize_int4_matrices(ms, method) for ms in per_expert]
                 tensors, note = outputs[0], {}
             else:
-                summary = requantize_experts(method, given)
+                if profile:  # timed with the profiler's overhead: the seconds are then not the plain figure
+                    summary, ops = _profiled(lambda: requantize_experts(method, given))
+                else:
+                    summary, ops = requantize_experts(method, given), None
                 expert = summary.experts[0]
                 tensors, note = expert.tensors, {"statistics": summary.counts(), "kept_int4_aware": expert.kept_search}
             seconds = _clock(device) - start
@@ -151,6 +170,8 @@ def run_methods(experts: list[tuple[str, list[list[Int4Matrix]], Activations]], 
                 "matrices": rows, "seconds": seconds, "seconds_per_matrix": seconds / matrices,
                 "seconds_per_384_expert_layer": seconds / len(per_expert) * 384, **note,
             }
+            if method not in ("amax", "int4-aware") and ops is not None:
+                per_method[method]["profile_top_ops"] = ops
         results[label] = per_method
     return results
 
@@ -224,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", nargs="*", default=list(METHODS))
     parser.add_argument("--token-sweep", action="store_true", help="only the calibration-token sweep")
     parser.add_argument("--fractions", type=float, nargs="*", default=[0.03, 0.125, 0.25, 0.5, 1.0, 2.0])
+    parser.add_argument("--profile", action="store_true",
+                        help="torch.profiler's top ops of each output-aware method's call (slows the timed call)")
     parser.add_argument("--json", default=None, help="write the results here (bench/results/...)")
     args = parser.parse_args(argv)
     record = {
@@ -244,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
             ("down", down, Activations(MOE_INTERMEDIATE, "intermediate", args.seed + 2)),
         ]
         methods = tuple(args.methods)
-        record["results"] = run_methods(experts, args.calibration_tokens, args.eval_tokens, methods, args.device)
+        record["results"] = run_methods(experts, args.calibration_tokens, args.eval_tokens, methods, args.device,
+                                        args.profile)
         record["summary"] = summarise(record["results"], methods)
         print(json.dumps(record["summary"], indent=1))
     if args.json:

@@ -51,3 +51,19 @@ def w4a4_layer_error(ctx: BlockContext) -> str:
                                for which in ("in-sample", "other tokens"))]
         parts.append(table(headers, rows))
     return "\n\n".join(parts)
+
+
+@renderer("gptq_solver_timing")
+def gptq_solver_timing(ctx: BlockContext) -> str:
+    """bench/profile_gptq.py: the batched GPTQ solver alone at K2.6 shapes (one batch of experts of one input kind),
+    wall seconds for the inverse-Hessian factor and the whole solve, per expert and scaled to 384 experts."""
+    rows = []
+    for r in ctx.results:
+        r.require("kind", "experts", "factor_s", "gptq_quantize_s", "s_per_expert", "projected_s_per_384_experts")
+        d = r.data
+        rows.append([f"`{r.stem}`", INPUT_KINDS.get(d["kind"], d["kind"]), str(d["experts"]),
+                     f"`{str(d.get('git_commit', ''))[:7]}`", num(d["factor_s"], 3), num(d["gptq_quantize_s"], 3),
+                     num(d["s_per_expert"], 4), num(d["projected_s_per_384_experts"], 1)])
+    headers = ["run", "matrix", "experts per batch", "commit", "factor s", "solve s (with factor)", "s per expert",
+               "s per 384 experts (projection)"]
+    return "\n\n".join([provenance(ctx), table(headers, rows)])
