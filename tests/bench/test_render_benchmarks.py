@@ -266,3 +266,34 @@ def test_w4a4_layer_error_renderer_shows_in_sample_and_other_tokens_multiples():
     text = REGISTRY["w4a4_layer_error"](_context("layer_error", data))
     assert "| `new` | 0.500 | 1.250 | 0.500 | 1.250 | 0.500 | 1.250 | 0.500 | 1.250 |" in text
     assert "calibrate seed 0 (fitted on) and seed 1 (16 × 256 tokens each, 0 sequences shared)" in text
+
+
+def test_w4a4_floor_renderer_shows_multiples_of_amax_and_marks_the_bounds():
+    def entry(name, kl4, ratio, meets, kl16=None):
+        spread = lambda v: {"mean": v, "min": v * 0.9, "max": v * 1.1}  # noqa: E731
+        out = {"row": name, "w4a4.kl_mean": spread(kl4), "w4a4.top1": spread(0.93), "w4a4_kl_vs_amax": ratio,
+               "meets_w4a4_goal": meets}
+        if kl16 is not None:
+            out["w4a16.kl_mean"] = spread(kl16)
+        return out
+
+    data = {"command": "python bench/bench_w4a4_floor.py --seeds 1 2",
+            "settings": {"heldout": {"samples": 16, "seq_len": 256, "seeds": [1, 2]}, "goal_w4a4_ratio": 0.62},
+            "summary": [entry("amax", 0.04, 1.0, False, 0.02),
+                        entry("exact weights, all inputs quantized (floor)", 0.02, 0.5, True),
+                        entry("mse weights", 0.03, 0.75, False, 0.015)]}
+    text = REGISTRY["w4a4_floor"](_context("floor", data))
+    assert "issue 16's goal: ≤ 0.62x" in text
+    assert "| `amax` | 0.0400 (0.0360–0.0440) | 1.00x | 0.0200 (0.0180–0.0220) | 0.930 | no |" in text
+    assert "| `exact weights, all inputs quantized (floor)` | 0.0200 (0.0180–0.0220) | 0.50x | — | 0.930 | (bound) |" in text
+    assert "| `mse weights` | 0.0300 (0.0270–0.0330) | 0.75x | 0.0150 (0.0135–0.0165) | 0.930 | no |" in text
+
+
+def test_gptq_solver_timing_renderer_shows_each_run_and_its_commit():
+    data = {"command": "python bench/profile_gptq.py --kind down", "kind": "down", "experts": 16, "factor_s": 0.05,
+            "gptq_quantize_s": 0.25, "s_per_expert": 0.015625, "projected_s_per_384_experts": 6.0,
+            "git_commit": "98f85ea0123"}
+    text = REGISTRY["gptq_solver_timing"](_context("profile", data))
+    assert "| `profile` | down (reads the SwiGLU output, 2048 wide) | 16 | `98f85ea` | 0.050 | 0.250 | 0.0156 | 6.0 |" in text
+    with pytest.raises(BenchmarkRenderError, match="lacks factor_s"):
+        REGISTRY["gptq_solver_timing"](_context("profile", {k: v for k, v in data.items() if k != "factor_s"}))
