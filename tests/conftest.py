@@ -1,8 +1,10 @@
-"""Shared fixtures: tiny synthetic Kimi K2 INT4 checkpoints written on the fly, and the CUDA skip marker."""
+"""Shared fixtures: tiny synthetic Kimi K2 INT4 checkpoints written on the fly, the CUDA skip marker, and what the
+multi-process tests share (a free port, the comparison of two validate reports)."""
 
 from __future__ import annotations
 
 import shutil
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -55,3 +57,46 @@ def cuda_device() -> torch.device:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     return torch.device("cuda")
+
+
+# Relative tolerance between validate figures computed by different numbers of ranks (docs/distributed.md).
+RANK_TOLERANCE = 1e-4
+_VALIDATE_FIGURES = ("kl_mean", "kl_p99", "kl_max", "ppl_int4", "ppl_nvfp4", "ppl_ratio")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _close(x: float, y: float) -> bool:
+    return x == y or abs(x - y) <= RANK_TOLERANCE * max(abs(x), abs(y))
+
+
+def _assert_validate_figures_agree(a: dict, b: dict) -> None:
+    """Two validate reports (JSON) of the same checkpoint and data, computed by different numbers of ranks (or
+    resumed): same verdict, same positions, top-1 within one near-tie, KL / perplexity and per-layer drift within
+    RANK_TOLERANCE, the same weight-check summary."""
+    assert a["passed"] == b["passed"]
+    for ea, eb in zip(a["end_to_end"], b["end_to_end"], strict=True):
+        assert ea["positions"] == eb["positions"]
+        assert abs(ea["top1"] - eb["top1"]) <= 1 / ea["positions"]  # at most one near-tie may flip
+        for key in _VALIDATE_FIGURES:
+            assert _close(ea[key], eb[key]), (ea["mode"], key, ea[key], eb[key])
+    for la, lb in zip(a["layers"], b["layers"], strict=True):
+        assert la["layer"] == lb["layer"] and la["drift"].keys() == lb["drift"].keys()
+        for mode in la["drift"]:
+            assert _close(la["drift"][mode], lb["drift"][mode]), (la["layer"], mode)
+    assert a["weights"] == b["weights"]  # every expert compared once, summarized in expert order
+
+
+@pytest.fixture(scope="session")
+def free_port() -> Callable[[], int]:
+    """A function giving a free localhost TCP port (torch.distributed's rendezvous)."""
+    return _free_port
+
+
+@pytest.fixture(scope="session")
+def validate_figures_agree() -> Callable[[dict, dict], None]:
+    return _assert_validate_figures_agree

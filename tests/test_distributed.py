@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 from pathlib import Path
 
 import pytest
@@ -29,13 +28,6 @@ from kimi_nvfp4.validate.api import validate_checkpoint
 
 SAMPLES, SEQ_LEN = 6, 64
 VALIDATE_SAMPLES = 5  # odd: the ranks get unequal shares
-RANK_TOLERANCE = 1e-4  # relative; documented in docs/distributed.md
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _stages(out: Path, report: Path) -> None:
@@ -58,7 +50,7 @@ def _worker(rank: int, world: int, port: int, out: str, report: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, free_port):
     root = tmp_path_factory.mktemp("dist")
     base = root / "nvfp4"
     convert_checkpoint(DEMO_CHECKPOINT, base, device="cpu", progress=False, record_stats=False)
@@ -66,7 +58,7 @@ def runs(tmp_path_factory):
     shutil.copytree(base, one)
     shutil.copytree(base, two)
     _stages(one, root / "report_one")
-    mp.start_processes(_worker, args=(2, _free_port(), str(two), str(root / "report_two")), nprocs=2,
+    mp.start_processes(_worker, args=(2, free_port(), str(two), str(root / "report_two")), nprocs=2,
                        join=True, start_method="spawn")
     return (one, root / "report_one"), (two, root / "report_two")
 
@@ -79,27 +71,14 @@ def test_input_scales_do_not_depend_on_the_number_of_ranks(runs):
         assert torch.equal(a[name], b[name]), name
 
 
-def _close(x: float, y: float) -> bool:
-    return x == y or abs(x - y) <= RANK_TOLERANCE * max(abs(x), abs(y))
-
-
-def test_validate_figures_match_one_process(runs):
+def test_validate_figures_match_one_process(runs, validate_figures_agree):
     (_, r1), (_, r2) = runs
     a = json.loads((r1 / "validate_report.json").read_text())
     b = json.loads((r2 / "validate_report.json").read_text())
-    assert a["passed"] == b["passed"]
+    validate_figures_agree(a, b)
     assert [g["name"] for g in a["gates"]] == [g["name"] for g in b["gates"]]
-    for ea, eb in zip(a["end_to_end"], b["end_to_end"]):
-        assert ea["positions"] == eb["positions"]
-        assert abs(ea["top1"] - eb["top1"]) <= 1 / ea["positions"]  # at most one near-tie may flip
-        for key in ("kl_mean", "kl_p99", "kl_max", "ppl_int4", "ppl_nvfp4", "ppl_ratio"):
-            assert _close(ea[key], eb[key]), (ea["mode"], key, ea[key], eb[key])
     for la, lb in zip(a["layers"], b["layers"]):
-        assert la["drift"].keys() == lb["drift"].keys()
-        for mode in la["drift"]:
-            assert _close(la["drift"][mode], lb["drift"][mode]), (la["layer"], mode)
         assert la["worst_expert"] == lb["worst_expert"]
-    assert a["weights"] == b["weights"]  # every expert compared once, summarized in expert order
     assert sorted((e["layer"], e["expert"], e["mode"], e["tokens"]) for e in a["worst_experts"]) == sorted(
         (e["layer"], e["expert"], e["mode"], e["tokens"]) for e in b["worst_experts"]
     )

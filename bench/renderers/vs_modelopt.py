@@ -130,3 +130,30 @@ def w4a4_floor(ctx: BlockContext) -> str:
               num(s["w4a4.top1"]["mean"], 3), _goal_cell(s)] for s in summary],
         ))
     return "\n\n".join(parts)
+
+
+@renderer("gptq_levers")
+def gptq_levers(ctx: BlockContext) -> str:
+    """bench_gptq_levers.py: per gptq variant, its layer errors on other tokens (multiple of int4-aware's) and
+    validate's KL / top-1 over the draws, with the KL as a multiple of plain `gptq`'s in the same file."""
+    parts = [provenance(ctx)]
+    for r in ctx.results:
+        r.require("settings")
+        summary = _rows(r, "summary")
+        held = r.data["settings"].get("heldout", {})
+        gptq = next((s for s in summary if s["row"] == "gptq"), None)
+        parts.append(
+            f"`{r.path}` — layer errors under other calibration tokens (seed {r.data['settings'].get('other_seed')}), "
+            f"summed over experts with dense statistics, multiple of int4-aware's; KL and top-1 over held-out draws "
+            f"(seeds) {', '.join(map(str, held.get('seeds', [])))} of {held.get('samples', MISSING)} × "
+            f"{held.get('seq_len', MISSING)} tokens, mean (min–max):")
+        groups = ("gate_up.w4a16", "down.w4a16", "gate_up.w4a4", "down.w4a4")
+        parts.append(table(
+            ["row", *(f"layer error {g.replace('.', ' ').upper().replace('GATE_UP', 'gate/up').replace('DOWN', 'down')}"
+                      for g in groups),
+             "KL W4A16", "x gptq", "KL W4A4", "x gptq", "top-1 W4A16"],
+            [[f"`{s['row']}`", *(num(s["layer_error_other_tokens_vs_int4_aware"].get(g), 3) for g in groups),
+              _spread(s["w4a16.kl_mean"], 4), _multiple(s, gptq, "w4a16.kl_mean"), _spread(s["w4a4.kl_mean"], 4),
+              _multiple(s, gptq, "w4a4.kl_mean"), num(s["w4a16.top1"]["mean"], 3)] for s in summary],
+        ))
+    return "\n\n".join(parts)

@@ -297,3 +297,19 @@ def test_gptq_solver_timing_renderer_shows_each_run_and_its_commit():
     assert "| `profile` | down (reads the SwiGLU output, 2048 wide) | 16 | `98f85ea` | 0.050 | 0.250 | 0.0156 | 6.0 |" in text
     with pytest.raises(BenchmarkRenderError, match="lacks factor_s"):
         REGISTRY["gptq_solver_timing"](_context("profile", {k: v for k, v in data.items() if k != "factor_s"}))
+
+
+def test_gptq_levers_renderer_shows_layer_errors_and_multiples_of_gptq():
+    def entry(name, kl16, kl4, layer):
+        spread = lambda v: {"mean": v, "min": v, "max": v}  # noqa: E731
+        return {"row": name, "w4a16.kl_mean": spread(kl16), "w4a4.kl_mean": spread(kl4), "w4a16.top1": spread(0.96),
+                "layer_error_other_tokens_vs_int4_aware": {"gate_up.w4a16": layer, "down.w4a16": 1.0,
+                                                           "gate_up.w4a4": 1.0, "down.w4a4": 1.0}}
+
+    data = {"command": "python bench/bench_gptq_levers.py", "summary": [
+                entry("int4-aware", 0.012, 0.03, 1.0), entry("gptq", 0.008, 0.025, 0.6),
+                entry("gptq, damping x10", 0.010, 0.025, 0.55)],
+            "settings": {"heldout": {"samples": 16, "seq_len": 256, "seeds": [1]}, "other_seed": 1}}
+    text = REGISTRY["gptq_levers"](_context("levers", data))
+    assert "| `gptq, damping x10` | 0.550 | 1.000 | 1.000 | 1.000 | 0.0100 (0.0100–0.0100) | 1.25x |" in text
+    assert "other calibration tokens (seed 1)" in text
