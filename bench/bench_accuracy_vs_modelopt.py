@@ -26,8 +26,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
-import platform
 import sys
 import time
 import traceback
@@ -40,7 +38,8 @@ if str(REPO_ROOT) not in sys.path:  # run as `python bench/...`: make `bench` im
     sys.path.insert(0, str(REPO_ROOT))
 
 from bench.bench_requantize_accuracy import draw_spread, prepare_method  # noqa: E402
-from bench.heldout_kl import MODES, heldout_figures, heldout_sequences  # noqa: E402
+from bench.heldout_kl import MODES, add_draw_arguments, heldout_figures, heldout_sequences  # noqa: E402
+from bench.provenance import demo_cpu_header  # noqa: E402
 
 METRICS = ("kl_mean", "kl_p99", "top1", "ppl_ratio")
 OUR_METHODS = ("amax", "int4-aware", "act-diag", "gptq", "gptq-w4a4")
@@ -132,23 +131,9 @@ def summarize(rows: list[dict], names: list[str]) -> list[dict]:
     return out
 
 
-def _argument(name: str, value) -> str:
-    """One argument as it is typed (a flag alone, a list space-separated)."""
-    flag = f"--{name.replace('_', '-')}"
-    if value is True:
-        return flag
-    return f"{flag} {' '.join(map(str, value)) if isinstance(value, list) else value}"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--work-dir", type=Path, default=Path("/tmp/kimi_nvfp4_vs_modelopt"))
-    ap.add_argument("--data", default="builtin")
-    ap.add_argument("--samples", type=int, default=16, help="calibration sequences (ours and Model Optimizer's)")
-    ap.add_argument("--seq-len", type=int, default=256)
-    ap.add_argument("--min-expert-tokens", type=int, default=64)
-    ap.add_argument("--validate-samples", type=int, default=64, help="held-out sequences per draw")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4])
+    add_draw_arguments(ap, work_dir="/tmp/kimi_nvfp4_vs_modelopt", validate_samples=64)
     ap.add_argument("--methods", nargs="+", default=list(OUR_METHODS))
     ap.add_argument("--recipes", nargs="+", default=None, help="Model Optimizer configs (default: all five)")
     ap.add_argument("--ours-only", action="store_true",
@@ -196,11 +181,7 @@ def main() -> None:
         print(json.dumps(s), flush=True)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({
-        "command": "python bench/bench_accuracy_vs_modelopt.py " + " ".join(
-            _argument(k, v) for k, v in vars(args).items() if k not in ("work_dir", "json") and v not in ([], False)),
-        "device": f"cpu ({os.cpu_count()} cores)",
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "device": "cpu"},
-        "model": "demo (kimi_nvfp4/assets/tiny_k2)",
+        **demo_cpu_header("bench/bench_accuracy_vs_modelopt.py", args),
         "settings": {"calibration": {"samples": args.samples, "seq_len": args.seq_len, "seed": calib_seed,
                                      "tokens": calib.tokens},
                      "heldout": {"samples": args.validate_samples, "seq_len": args.seq_len, "seeds": args.seeds},

@@ -22,8 +22,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import platform
 import shutil
 import sys
 import time
@@ -33,10 +31,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as `python bench/...`: make `bench` importable
     sys.path.insert(0, str(REPO_ROOT))
 
-from bench.bench_accuracy_vs_modelopt import _argument  # noqa: E402
 from bench.bench_requantize_accuracy import draw_spread  # noqa: E402
 from bench.bench_w4a4_layer_error import _errors  # noqa: E402
-from bench.heldout_kl import heldout_figures, heldout_sequences  # noqa: E402
+from bench.provenance import demo_cpu_header  # noqa: E402
+from bench.heldout_kl import add_draw_arguments, heldout_figures, heldout_sequences  # noqa: E402
 
 DAMPING_FACTOR = 10.0
 SHRINKAGE_FACTOR = 4.0
@@ -94,13 +92,7 @@ def _requantized(work: Path, name: str, base: Path, patch) -> Path:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--work-dir", type=Path, default=Path("/tmp/kimi_nvfp4_gptq_levers"))
-    ap.add_argument("--data", default="builtin")
-    ap.add_argument("--samples", type=int, default=16)
-    ap.add_argument("--seq-len", type=int, default=256)
-    ap.add_argument("--min-expert-tokens", type=int, default=64)
-    ap.add_argument("--validate-samples", type=int, default=16)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4])
+    add_draw_arguments(ap, work_dir="/tmp/kimi_nvfp4_gptq_levers")
     ap.add_argument("--other-seed", type=int, default=1, help="calibration-part draw for the layer errors")
     ap.add_argument("--json", type=Path, default=Path("bench/results/gptq_levers_demo_cpu.json"))
     args = ap.parse_args()
@@ -154,11 +146,7 @@ def main() -> None:
                 **draw_spread([r for r in rows if r["row"] == name], METRICS)} for name in checkpoints]
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({
-        "command": "python bench/bench_gptq_levers.py " + " ".join(
-            _argument(k, v) for k, v in vars(args).items() if k not in ("work_dir", "json") and v not in ([], False)),
-        "device": f"cpu ({os.cpu_count()} cores)",
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "device": "cpu"},
-        "model": "demo (kimi_nvfp4/assets/tiny_k2)",
+        **demo_cpu_header("bench/bench_gptq_levers.py", args),
         "settings": {"calibration": {"samples": args.samples, "seq_len": args.seq_len},
                      "heldout": {"samples": args.validate_samples, "seq_len": args.seq_len, "seeds": args.seeds},
                      "other_seed": args.other_seed, "damping_factor": DAMPING_FACTOR,

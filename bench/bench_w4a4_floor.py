@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -47,9 +45,9 @@ from bench.activation_floor import (  # noqa: E402
     WeightRule,
     calibrate_floor_scales,
 )
-from bench.bench_accuracy_vs_modelopt import _argument  # noqa: E402
 from bench.bench_requantize_accuracy import prepare_method  # noqa: E402
-from bench.heldout_kl import _runner, figures, heldout_figures, heldout_sequences  # noqa: E402
+from bench.provenance import demo_cpu_header  # noqa: E402
+from bench.heldout_kl import _runner, add_draw_arguments, figures, heldout_figures, heldout_sequences  # noqa: E402
 
 CHECKPOINT_METHODS = ("amax", "gptq")
 GOAL_W4A4_RATIO = 0.62  # issue 16: KL W4A4 <= 0.62x amax
@@ -106,13 +104,7 @@ def summarize(rows: list[dict], names: list[str]) -> list[dict]:
 @torch.no_grad()
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--work-dir", type=Path, default=Path("/tmp/kimi_nvfp4_w4a4_floor"))
-    ap.add_argument("--data", default="builtin")
-    ap.add_argument("--samples", type=int, default=16, help="calibration sequences")
-    ap.add_argument("--seq-len", type=int, default=256)
-    ap.add_argument("--min-expert-tokens", type=int, default=64)
-    ap.add_argument("--validate-samples", type=int, default=16, help="held-out sequences per draw")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4])
+    add_draw_arguments(ap, work_dir="/tmp/kimi_nvfp4_w4a4_floor")
     ap.add_argument("--alpha", type=float, default=0.5, help="SmoothQuant migration strength of the smooth-pow2 rows")
     ap.add_argument("--json", type=Path, default=Path("bench/results/w4a4_floor_demo_cpu.json"))
     args = ap.parse_args()
@@ -172,11 +164,7 @@ def main() -> None:
         print(json.dumps(s), flush=True)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({
-        "command": "python bench/bench_w4a4_floor.py " + " ".join(
-            _argument(k, v) for k, v in vars(args).items() if k not in ("work_dir", "json") and v not in ([], False)),
-        "device": f"cpu ({os.cpu_count()} cores)",
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "device": "cpu"},
-        "model": "demo (kimi_nvfp4/assets/tiny_k2)",
+        **demo_cpu_header("bench/bench_w4a4_floor.py", args),
         "settings": {"calibration": {"samples": args.samples, "seq_len": args.seq_len, "seed": calib_seed,
                                      "tokens": calib.tokens},
                      "heldout": {"samples": args.validate_samples, "seq_len": args.seq_len, "seeds": args.seeds},

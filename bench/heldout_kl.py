@@ -27,6 +27,19 @@ DEVICE = torch.device("cpu")
 DTYPE = torch.float32
 
 
+def add_draw_arguments(parser, *, work_dir: str, samples: int = 16, validate_samples: int = 16,
+                       seeds: tuple[int, ...] = (1, 2, 3, 4)) -> None:
+    """The options every demo-model accuracy bench shares, in one order (it is the order of their recorded
+    commands): the work folder, the data, calibration and held-out sizes, the held-out draws."""
+    parser.add_argument("--work-dir", type=Path, default=Path(work_dir))
+    parser.add_argument("--data", default="builtin")
+    parser.add_argument("--samples", type=int, default=samples, help="calibration sequences")
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--min-expert-tokens", type=int, default=64)
+    parser.add_argument("--validate-samples", type=int, default=validate_samples, help="held-out sequences per draw")
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(seeds), help="held-out draws")
+
+
 def _runner(source) -> LayerStreamRunner:
     return LayerStreamRunner(source, **_runner_kwargs(DEVICE, None, None, DTYPE, False))
 

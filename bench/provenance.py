@@ -58,3 +58,23 @@ def provenance(argv: list[str] | None = None) -> dict:
 
 def _cpu_count() -> int | None:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def typed_argument(name: str, value) -> str:
+    """One argparse option as it is typed (a flag alone, a list space-separated)."""
+    flag = f"--{name.replace('_', '-')}"
+    if value is True:
+        return flag
+    return f"{flag} {' '.join(map(str, value)) if isinstance(value, list) else value}"
+
+
+def demo_cpu_header(script: str, args, skip: tuple[str, ...] = ("work_dir", "json")) -> dict:
+    """The head of a demo-model CPU bench's result file: its command as typed (without `skip`, the options that only
+    say where files go; unset flags and empty lists left out), the device, the machine and the model."""
+    typed = " ".join(typed_argument(k, v) for k, v in vars(args).items() if k not in skip and v not in ([], False))
+    return {
+        "command": f"python {script} {typed}",
+        "device": f"cpu ({os.cpu_count()} cores)",
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "device": "cpu"},
+        "model": "demo (kimi_nvfp4/assets/tiny_k2)",
+    }
