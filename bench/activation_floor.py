@@ -203,15 +203,16 @@ class FloorWeights(Int4SourceWeights):
         if not lw.is_moe:
             return lw
         experts = lw.mlp.experts
-        transform, rotation = self._gate_up_transform(i, experts)
-        for kind, t, rot in ((GATE_UP, transform, rotation), (DOWN, None, False)):
-            if (i, kind) not in self.inputs:  # the calibration pass's states (scales) survive reloading the layer
-                self.inputs[(i, kind)] = LayerInput(t, rot, kind in self.quantized)
+        if (i, GATE_UP) not in self.inputs:  # made on first load; its transform and scales serve every reload
+            transform, rotation = self._gate_up_transform(i, experts)
+            self.inputs[(i, GATE_UP)] = LayerInput(transform, rotation, GATE_UP in self.quantized)
+            self.inputs[(i, DOWN)] = LayerInput(None, False, DOWN in self.quantized)
         gate_up, down = self.inputs[(i, GATE_UP)], self.inputs[(i, DOWN)]
+        transform = gate_up.transform
         for e in experts:
             g, u, d = (lin.weight().double() for lin in (e.gate_proj, e.up_proj, e.down_proj))
             if transform is not None:
-                g, u = (w @ transform.T if rotation else w * transform for w in (g, u))
+                g, u = (w @ transform.T if gate_up.rotation else w * transform for w in (g, u))
             if self.rule is WeightRule.MSE:  # gate and up share one weight_scale_2, as SGLang's w13 needs
                 g, u = (dequantize_nvfp4(q) for q in quantize_bf16_group([g, u], Bf16ScaleRule.MSE))
                 d = dequantize_nvfp4(quantize_bf16_group([d], Bf16ScaleRule.MSE)[0])

@@ -38,7 +38,7 @@ if str(REPO_ROOT) not in sys.path:  # run as `python bench/...`: make `bench` im
     sys.path.insert(0, str(REPO_ROOT))
 
 from bench.bench_requantize_accuracy import draw_spread, prepare_method  # noqa: E402
-from bench.heldout_kl import MODES, add_draw_arguments, heldout_figures, heldout_sequences  # noqa: E402
+from bench.heldout_kl import MODES, add_draw_arguments, draw_settings, heldout_figures, heldout_sequences  # noqa: E402
 from bench.provenance import demo_cpu_header  # noqa: E402
 
 METRICS = ("kl_mean", "kl_p99", "top1", "ppl_ratio")
@@ -182,10 +182,7 @@ def main() -> None:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({
         **demo_cpu_header("bench/bench_accuracy_vs_modelopt.py", args),
-        "settings": {"calibration": {"samples": args.samples, "seq_len": args.seq_len, "seed": calib_seed,
-                                     "tokens": calib.tokens},
-                     "heldout": {"samples": args.validate_samples, "seq_len": args.seq_len, "seeds": args.seeds},
-                     "goal_kl_ratio": GOAL_KL_RATIO},
+        "settings": {**draw_settings(args, seed=calib_seed, tokens=calib.tokens), "goal_kl_ratio": GOAL_KL_RATIO},
         "prepare_seconds": seconds, "statistics": {k: v for k, v in stats.items() if v is not None},
         "modelopt": mo_records, "rows": rows, "summary": summary,
         "total_seconds": time.perf_counter() - started,

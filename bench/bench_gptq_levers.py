@@ -34,7 +34,7 @@ if str(REPO_ROOT) not in sys.path:  # run as `python bench/...`: make `bench` im
 from bench.bench_requantize_accuracy import draw_spread  # noqa: E402
 from bench.bench_w4a4_layer_error import _errors  # noqa: E402
 from bench.provenance import demo_cpu_header  # noqa: E402
-from bench.heldout_kl import add_draw_arguments, heldout_figures, heldout_sequences  # noqa: E402
+from bench.heldout_kl import add_draw_arguments, draw_settings, heldout_figures, heldout_sequences  # noqa: E402
 
 DAMPING_FACTOR = 10.0
 SHRINKAGE_FACTOR = 4.0
@@ -147,9 +147,7 @@ def main() -> None:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({
         **demo_cpu_header("bench/bench_gptq_levers.py", args),
-        "settings": {"calibration": {"samples": args.samples, "seq_len": args.seq_len},
-                     "heldout": {"samples": args.validate_samples, "seq_len": args.seq_len, "seeds": args.seeds},
-                     "other_seed": args.other_seed, "damping_factor": DAMPING_FACTOR,
+        "settings": {**draw_settings(args), "other_seed": args.other_seed, "damping_factor": DAMPING_FACTOR,
                      "shrinkage_factor": SHRINKAGE_FACTOR, "calibration_factor": CALIBRATION_FACTOR},
         "prepare_seconds": seconds, "rows": rows, "summary": summary,
         "total_seconds": time.perf_counter() - started,

@@ -107,11 +107,11 @@ def _clock(device: str) -> float:
     return time.process_time()
 
 
-def _profiled(fn, top: int = 15):
-    """(fn(), the profiler's top ops by self time on the device (CUDA) or CPU) for `--profile`."""
+def _profiled(fn, device: str, top: int = 15):
+    """(fn(), the profiler's top ops by self time on `device` (CUDA) or the CPU) for `--profile`."""
     from torch.profiler import ProfilerActivity, profile
 
-    cuda = torch.cuda.is_available()
+    cuda = device == "cuda"
     with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
         out = fn()
         if cuda:
@@ -144,14 +144,15 @@ def run_methods(experts: list[tuple[str, list[list[Int4Matrix]], Activations]], 
                 else:
                     requantize_experts(method, given[:1])
             start = _clock(device)
+            ops = None
             if method in ("amax", "int4-aware"):
                 outputs = [quantize_int4_matrices(ms, method) for ms in per_expert]
                 tensors, note = outputs[0], {}
             else:
                 if profile:  # timed with the profiler's overhead: the seconds are then not the plain figure
-                    summary, ops = _profiled(lambda: requantize_experts(method, given))
+                    summary, ops = _profiled(lambda: requantize_experts(method, given), device)
                 else:
-                    summary, ops = requantize_experts(method, given), None
+                    summary = requantize_experts(method, given)
                 expert = summary.experts[0]
                 tensors, note = expert.tensors, {"statistics": summary.counts(), "kept_int4_aware": expert.kept_search}
             seconds = _clock(device) - start
@@ -170,7 +171,7 @@ def run_methods(experts: list[tuple[str, list[list[Int4Matrix]], Activations]], 
                 "matrices": rows, "seconds": seconds, "seconds_per_matrix": seconds / matrices,
                 "seconds_per_384_expert_layer": seconds / len(per_expert) * 384, **note,
             }
-            if method not in ("amax", "int4-aware") and ops is not None:
+            if ops is not None:
                 per_method[method]["profile_top_ops"] = ops
         results[label] = per_method
     return results

@@ -26,12 +26,14 @@ METRICS = ("kl_mean", "kl_p99", "top1")
 
 
 def draw_spread(rows: list[dict], metrics: tuple[str, ...] = METRICS) -> dict:
-    """`{"<mode>.<metric>": {"mean", "min", "max"}}` over the held-out draws in `rows` (one row per draw)."""
+    """`{"<mode>.<metric>": {"mean", "min", "max"}}` over the held-out draws in `rows` (one row per draw); a mode
+    no row measured is left out."""
     out = {}
     for mode in MODES:
         for metric in metrics:
-            values = [r[mode][metric] for r in rows]
-            out[f"{mode}.{metric}"] = {"mean": statistics.fmean(values), "min": min(values), "max": max(values)}
+            values = [r[mode][metric] for r in rows if mode in r]
+            if values:
+                out[f"{mode}.{metric}"] = {"mean": statistics.fmean(values), "min": min(values), "max": max(values)}
     return out
 
 

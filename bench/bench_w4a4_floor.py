@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -45,9 +44,16 @@ from bench.activation_floor import (  # noqa: E402
     WeightRule,
     calibrate_floor_scales,
 )
-from bench.bench_requantize_accuracy import prepare_method  # noqa: E402
+from bench.bench_requantize_accuracy import draw_spread, prepare_method  # noqa: E402
 from bench.provenance import demo_cpu_header  # noqa: E402
-from bench.heldout_kl import _runner, add_draw_arguments, figures, heldout_figures, heldout_sequences  # noqa: E402
+from bench.heldout_kl import (  # noqa: E402
+    _runner,
+    add_draw_arguments,
+    draw_settings,
+    figures,
+    heldout_figures,
+    heldout_sequences,
+)
 
 CHECKPOINT_METHODS = ("amax", "gptq")
 GOAL_W4A4_RATIO = 0.62  # issue 16: KL W4A4 <= 0.62x amax
@@ -86,14 +92,7 @@ def summarize(rows: list[dict], names: list[str]) -> list[dict]:
     out = []
     for name in names:
         mine = [r for r in rows if r["row"] == name]
-        entry: dict = {"row": name, "seeds": [r["seed"] for r in mine]}
-        for mode in ("w4a16", "w4a4"):
-            for metric in METRICS:
-                values = [r[mode][metric] for r in mine if mode in r]
-                if values:
-                    entry[f"{mode}.{metric}"] = {"mean": statistics.fmean(values), "min": min(values),
-                                                 "max": max(values)}
-        out.append(entry)
+        out.append({"row": name, "seeds": [r["seed"] for r in mine], **draw_spread(mine, METRICS)})
     amax = next(s for s in out if s["row"] == "amax")["w4a4.kl_mean"]["mean"]
     for s in out:
         s["w4a4_kl_vs_amax"] = s["w4a4.kl_mean"]["mean"] / amax
@@ -165,10 +164,8 @@ def main() -> None:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({
         **demo_cpu_header("bench/bench_w4a4_floor.py", args),
-        "settings": {"calibration": {"samples": args.samples, "seq_len": args.seq_len, "seed": calib_seed,
-                                     "tokens": calib.tokens},
-                     "heldout": {"samples": args.validate_samples, "seq_len": args.seq_len, "seeds": args.seeds},
-                     "alpha": args.alpha, "goal_w4a4_ratio": GOAL_W4A4_RATIO},
+        "settings": {**draw_settings(args, seed=calib_seed, tokens=calib.tokens), "alpha": args.alpha,
+                     "goal_w4a4_ratio": GOAL_W4A4_RATIO},
         "floor_input_scales": {f"{name}": {f"{layer}.{kind}": float(state.scale)
                                            for (layer, kind), state in served[name].inputs.items()}
                                for name, *_ in specs},

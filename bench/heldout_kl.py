@@ -40,6 +40,13 @@ def add_draw_arguments(parser, *, work_dir: str, samples: int = 16, validate_sam
     parser.add_argument("--seeds", type=int, nargs="+", default=list(seeds), help="held-out draws")
 
 
+def draw_settings(args, **calibration) -> dict:
+    """What a result file records of `add_draw_arguments`' options: the calibration sizes (with `calibration`'s
+    extra figures, e.g. its seed and token count) and the held-out draws."""
+    return {"calibration": {"samples": args.samples, "seq_len": args.seq_len, **calibration},
+            "heldout": {"samples": args.validate_samples, "seq_len": args.seq_len, "seeds": args.seeds}}
+
+
 def _runner(source) -> LayerStreamRunner:
     return LayerStreamRunner(source, **_runner_kwargs(DEVICE, None, None, DTYPE, False))
 

@@ -150,11 +150,11 @@ def _block_columns_reference(
     """One 16-column block's column steps (torch; the CPU path and the fused kernel's reference): quantize column j
     with the block's scales, record its error `(w - q) / U_jj`, push it onto the block's later columns."""
     block_stop = block_start + NVFP4_BLOCK_SIZE
+    offset = column - block_start  # batch column j is input column offset + j
     for j in range(block_start, block_stop):
         code, quantized = _quantized(batch[..., j], divisor)
-        codes[..., column + j - block_start] = code
-        error = (batch[..., j] - quantized) / diagonal[:, column + j - block_start].view(-1, 1)
-        offset = column - block_start
+        codes[..., offset + j] = code
+        error = (batch[..., j] - quantized) / diagonal[:, offset + j].view(-1, 1)
         batch[..., j:block_stop] -= error.unsqueeze(-1) * upper[:, offset + j, offset + j : offset + block_stop].unsqueeze(1)
         errors[..., j] = error
 
