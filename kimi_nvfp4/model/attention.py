@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ..checkpoint.k2_config import K2Config
+from .batch_invariant import batched_rows
 from .layer_weights import AttentionWeights
 from .observer import Observer, notify_kv_cache, notify_linear
 from .rope import RotaryEmbedding, apply_rope_interleaved
@@ -67,10 +68,11 @@ def _fp32_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """`Q.K^T` per head `[heads, T, S]` in fp32. On CUDA with bf16 operands, a tensor-core product with
     fp32 accumulation and fp32 output (`out_dtype`), which is what FlashMLA computes: bf16 x bf16 products
     are exact in fp32, so this equals the fp32 product of the upcast operands up to the order of the
-    fp32 additions (tests/model/test_attention_scores.py). Elsewhere the upcast fp32 einsum (reference)."""
+    fp32 additions (tests/model/test_attention_scores.py). Elsewhere the upcast fp32 product (reference), its
+    reduction cut as batch_invariant.batched_rows cuts it."""
     if k.dim() == 3 and _half_precision_on_cuda(q) and k.shape[0] == q.shape[1]:
         return torch.bmm(q.transpose(0, 1), k, out_dtype=torch.float32)
-    return torch.einsum("thd,shd->hts", q.to(torch.float32), k)
+    return batched_rows(q.to(torch.float32).transpose(0, 1), k.permute(1, 2, 0))
 
 
 def _fused_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
@@ -95,7 +97,6 @@ def mla_attention(
     layer: int,
     past: LatentKV | None = None,
     observer: Observer | None = None,
-    max_chunk_tokens: int | None = None,
 ) -> tuple[torch.Tensor, LatentKV]:
     """Attention of `x [T, hidden]` (already input_layernorm'ed) at positions `past_len .. past_len+T-1`.
 
@@ -148,9 +149,9 @@ def mla_attention(
         return o, cache
 
     out = torch.empty(T, n_heads, v_dim, dtype=x.dtype, device=x.device)
+    # Query blocks depend on the sequence alone (not on `max_chunk_tokens`, which the memory plan chooses): the
+    # products below then see the same shapes however the work is cut (batch_invariant.py).
     rows = max(1, ATTENTION_SCORE_BUDGET // max(1, n_heads * S))
-    if max_chunk_tokens:
-        rows = min(rows, max_chunk_tokens)
     key_pos = torch.arange(S, device=x.device)
     # Scores in fp32 whatever the compute dtype: FlashMLA (SGLang's MLA decode/prefill kernels) keeps
     # Q.K^T in fp32 accumulators through the softmax and rounds only P to bf16 for P.V; a bf16 einsum
@@ -163,7 +164,7 @@ def mla_attention(
         allowed = key_pos[None, :] <= positions[start:end, None]
         scores = scores.masked_fill(~allowed[None], float("-inf"))
         probs = torch.softmax(scores, dim=-1).to(x.dtype)
-        out[start:end] = torch.einsum("hts,shd->thd", probs, v)
+        out[start:end] = batched_rows(probs, v.transpose(0, 1)).transpose(0, 1)
 
     attn = out.reshape(T, n_heads * v_dim)
     o = w.o_proj(attn)

@@ -26,11 +26,10 @@ def attention_block(
     *,
     past: LatentKV | None = None,
     observer: Observer | None = None,
-    max_chunk_tokens: int | None = None,
 ) -> tuple[torch.Tensor, LatentKV]:
     normed = rms_norm(x, w.input_layernorm, cfg.rms_norm_eps)
     o, cache = mla_attention(
-        cfg, rope, w.self_attn, normed, layer=w.index, past=past, observer=observer, max_chunk_tokens=max_chunk_tokens
+        cfg, rope, w.self_attn, normed, layer=w.index, past=past, observer=observer
     )
     return x + o, cache
 

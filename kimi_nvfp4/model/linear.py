@@ -27,7 +27,6 @@ from enum import Enum
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from ..numerics.int4 import dequantize_int4
 from ..numerics.nvfp4 import (
@@ -36,6 +35,7 @@ from ..numerics.nvfp4 import (
     fake_quantize_activation_nvfp4,
 )
 from ..numerics.triton_support import triton_module
+from .batch_invariant import linear_rows
 
 
 # On CUDA, W4A4 activations go through the fused Triton kernel (numerics/activation_kernel.py: the same bits in
@@ -119,8 +119,11 @@ class Linear(ABC):
         return x
 
     def matmul(self, xq: torch.Tensor) -> torch.Tensor:
-        """The product with an input that already went through `quantize_input`."""
-        return F.linear(xq, self.weight())
+        """The product with an input that already went through `quantize_input` (batch-invariant: each row as
+        if alone, see batch_invariant.py)."""
+        if xq.dim() != 2:
+            return linear_rows(xq.reshape(-1, xq.shape[-1]), self.weight()).reshape(*xq.shape[:-1], -1)
+        return linear_rows(xq, self.weight())
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.matmul(self.quantize_input(x))

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from ..checkpoint.k2_config import K2Config
 from .layer_weights import MLPWeights, MoEWeights
+from .batch_invariant import linear_rows, pointwise_rows
 from .linear import Linear
 from .observer import Observer, expert_rows_observer, notify_linear
 
@@ -66,13 +67,17 @@ def swiglu_mlp(
     notify_linear(observer, layer, gate_lin.module, x, gate, expert, routed)
     up = up_lin.matmul(xq_up)
     notify_linear(observer, layer, up_lin.module, x, up, expert, routed)
-    h = F.silu(gate) * up
+    h = pointwise_rows(_swiglu, gate, up)
     if not need_output and not observer_needs_outputs(observer):
         notify_linear(observer, layer, down_lin.module, h, None, expert, routed)
         return None
     out = down_lin(h)
     notify_linear(observer, layer, down_lin.module, h, out, expert, routed)
     return out if need_output else None
+
+
+def _swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
 
 
 def shared_input_quantizer(linears: list[Linear]) -> Linear | None:
@@ -95,7 +100,7 @@ def shared_input_quantizer(linears: list[Linear]) -> Linear | None:
 
 def route(cfg: K2Config, w: MoEWeights, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`(topk_ids [T, k] long, topk_weights [T, k] fp32)`, ids in descending biased-score order."""
-    scores = F.linear(x.to(torch.float32), w.router_weight.to(torch.float32)).sigmoid()
+    scores = pointwise_rows(torch.sigmoid, linear_rows(x.to(torch.float32), w.router_weight.to(torch.float32)))
     choice = scores if w.e_score_correction_bias is None else scores + w.e_score_correction_bias.to(torch.float32)
     n_experts = scores.shape[-1]
     if cfg.n_group > 1 and cfg.topk_group < cfg.n_group:
@@ -221,14 +226,14 @@ def _routed_sorted(
             gq = ex.gate_proj.quantize_input(rows[a:b])
             same = ex.up_proj.input_quantizer() is ex.gate_proj.input_quantizer()
             uq = gq if same else ex.up_proj.quantize_input(rows[a:b])
-        torch.mm(gq, ex.gate_proj.weight().t(), out=gate[a:b])
-        torch.mm(uq, ex.up_proj.weight().t(), out=up[a:b])
+        linear_rows(gq, ex.gate_proj.weight(), out=gate[a:b])
+        linear_rows(uq, ex.up_proj.weight(), out=up[a:b])
         if batch is None and observer is not None:
             x_seen = rows[a:b] if rows is not None else None
             notify_linear(observer, layer, ex.gate_proj.module, x_seen, gate[a:b], e)
             notify_linear(observer, layer, ex.up_proj.module, x_seen, up[a:b], e)
     del rows, rows_q
-    h = F.silu(gate) * up
+    h = pointwise_rows(_swiglu, gate, up)
     del gate, up
     downs = [w.experts[e].down_proj for e, _, _ in spans]
     if batch is not None:
@@ -247,7 +252,7 @@ def _routed_sorted(
         hq = torch.cat([d.quantize_input(h[a:b]) for (_, a, b), d in zip(spans, downs)])
     y = h.new_empty(n_rows, hidden)
     for (e, a, b), down in zip(spans, downs):
-        torch.mm(hq[a:b], down.weight().t(), out=y[a:b])
+        linear_rows(hq[a:b], down.weight(), out=y[a:b])
         if batch is None:
             notify_linear(observer, layer, down.module, h[a:b], y[a:b], e)
     del h, hq

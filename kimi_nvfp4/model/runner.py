@@ -18,11 +18,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .attention import rms_norm
 from .decoder import attention_block, mlp_block
+from .batch_invariant import linear_rows
 from .layer_weights import LayerWeights
 from .observer import Observer
 from .rope import RotaryEmbedding
@@ -212,9 +212,7 @@ class LayerStreamRunner:
             raise ValueError(f"weights of layer {w.index} passed for layer {i}")
         out = []
         for x in states.sequences:
-            h, _ = attention_block(
-                self.config, self.rope, w, x.to(self.device), observer=observer, max_chunk_tokens=self.max_chunk_tokens
-            )
+            h, _ = attention_block(self.config, self.rope, w, x.to(self.device), observer=observer)
             out.append(h.to(self.states_device))
         return HiddenStates(out)
 
@@ -283,7 +281,7 @@ class LayerStreamRunner:
             parts = []
             for start in range(0, x.shape[0], step or max(1, x.shape[0])):
                 piece = x[start : start + step if step else None].to(self.device)
-                parts.append(F.linear(rms_norm(piece, norm, self.config.rms_norm_eps), head))
+                parts.append(linear_rows(rms_norm(piece, norm, self.config.rms_norm_eps), head))
             yield torch.cat(parts) if parts else x.new_zeros(0, head.shape[0], device=self.device)
 
     def run(self, sequences: Sequence[torch.Tensor], observer: Observer | None = None) -> Iterator[torch.Tensor]:

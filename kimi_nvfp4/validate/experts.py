@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 
+from ..model.batch_invariant import linear_rows, pointwise_rows
 from ..model.layer_weights import LayerWeights, MLPWeights, MoEWeights
 from ..model.linear import ActivationMode
 from .metrics import RelativeError
@@ -43,18 +44,22 @@ class ExpertError(BaseModel):
     tokens: int
 
 
+def _swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
+
+
 def nvfp4_expert_output(w: MLPWeights, x: torch.Tensor, mode: ActivationMode,
                         weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """The NVFP4 expert as the served kernels compute it in `mode` (W4A16: no activation quantization).
     `weights`: the three dequantized matrices, when the caller has them (one dequantization for every mode)."""
     gate_w, up_w, down_w = weights or (w.gate_proj.weight(), w.up_proj.weight(), w.down_proj.weight())
     if mode is not ActivationMode.W4A4:
-        return F.linear(F.silu(F.linear(x, gate_w)) * F.linear(x, up_w), down_w)
+        return linear_rows(pointwise_rows(_swiglu, linear_rows(x, gate_w), linear_rows(x, up_w)), down_w)
     xq = w.gate_proj.quantize_input(x)
     # one quantization for gate and up when they share the scale, as the w13 GEMM does
     xq_up = xq if w.up_proj.input_quantizer() is w.gate_proj.input_quantizer() else w.up_proj.quantize_input(x)
-    h = F.silu(F.linear(xq, gate_w)) * F.linear(xq_up, up_w)
-    return F.linear(w.down_proj.quantize_input(h), down_w)
+    h = pointwise_rows(_swiglu, linear_rows(xq, gate_w), linear_rows(xq_up, up_w))
+    return linear_rows(w.down_proj.quantize_input(h), down_w)
 
 
 class ExpertErrorObserver:
