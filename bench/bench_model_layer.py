@@ -75,16 +75,16 @@ class InMemoryLayerSource:
         return self._layer
 
 
-def _bf16_linear(name: str, out_f: int, in_f: int, device, g) -> Linear:
+def _bf16_linear(name: str, out_f: int, in_f: int, device, g, dtype=torch.float32) -> Linear:
     w = (torch.randn(out_f, in_f, device=device, generator=g) * WEIGHT_STD).to(torch.bfloat16)
-    return DenseLinear(name, w, torch.float32)
+    return DenseLinear(name, w, dtype)
 
 
-def _expert_linear(name: str, out_f: int, in_f: int, mode: str, device, g) -> Linear:
+def _expert_linear(name: str, out_f: int, in_f: int, mode: str, device, g, dtype=torch.float32) -> Linear:
     if mode == "int4":
         packed = torch.randint(-(2**31), 2**31 - 1, (out_f, in_f // INT4_PER_INT32), dtype=torch.int32, device=device, generator=g)
         scale = (torch.rand(out_f, in_f // INT4_GROUP_SIZE, device=device, generator=g) + 0.5) * (WEIGHT_STD / 4)
-        return Int4Linear(name, packed, scale.to(torch.bfloat16), in_f, torch.float32)
+        return Int4Linear(name, packed, scale.to(torch.bfloat16), in_f, dtype)
     codes = torch.randint(0, 256, (out_f, in_f // 2), dtype=torch.uint8, device=device, generator=g)
     block = torch.rand(out_f, in_f // NVFP4_BLOCK_SIZE, device=device, generator=g) * E4M3_MAX
     tensor = NVFP4Tensor(
@@ -93,36 +93,37 @@ def _expert_linear(name: str, out_f: int, in_f: int, mode: str, device, g) -> Li
     )
     activations = ActivationMode.W4A4 if mode == "nvfp4-w4a4" else ActivationMode.W4A16
     input_scale = torch.tensor(ACTIVATION_AMAX / NVFP4_TENSOR_SCALE_DENOMINATOR, device=device)
-    return NVFP4Linear(name, tensor, torch.float32, input_scale=input_scale, mode=activations)
+    return NVFP4Linear(name, tensor, dtype, input_scale=input_scale, mode=activations)
 
 
-def synthetic_moe_layer(cfg: K2Config, mode: str, device, seed: int = 0) -> LayerWeights:
+def synthetic_moe_layer(cfg: K2Config, mode: str, device, seed: int = 0, dtype=torch.float32) -> LayerWeights:
+    """One K2.6-shaped MoE layer with random weights; `dtype`: the compute dtype its linears dequantize to."""
     g = torch.Generator(device=device).manual_seed(seed)
     h, n_h = cfg.hidden_size, cfg.num_attention_heads
     a = "self_attn."
     attn = AttentionWeights(
-        q_a_proj=_bf16_linear(f"{a}q_a_proj", cfg.q_lora_rank, h, device, g),
+        q_a_proj=_bf16_linear(f"{a}q_a_proj", cfg.q_lora_rank, h, device, g, dtype),
         q_a_layernorm=torch.ones(cfg.q_lora_rank, device=device),
-        q_b_proj=_bf16_linear(f"{a}q_b_proj", n_h * cfg.qk_head_dim, cfg.q_lora_rank, device, g),
-        kv_a_proj_with_mqa=_bf16_linear(f"{a}kv_a_proj_with_mqa", cfg.kv_lora_rank + cfg.qk_rope_head_dim, h, device, g),
+        q_b_proj=_bf16_linear(f"{a}q_b_proj", n_h * cfg.qk_head_dim, cfg.q_lora_rank, device, g, dtype),
+        kv_a_proj_with_mqa=_bf16_linear(f"{a}kv_a_proj_with_mqa", cfg.kv_lora_rank + cfg.qk_rope_head_dim, h, device, g, dtype),
         kv_a_layernorm=torch.ones(cfg.kv_lora_rank, device=device),
-        kv_b_proj=_bf16_linear(f"{a}kv_b_proj", n_h * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank, device, g),
-        o_proj=_bf16_linear(f"{a}o_proj", h, n_h * cfg.v_head_dim, device, g),
+        kv_b_proj=_bf16_linear(f"{a}kv_b_proj", n_h * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank, device, g, dtype),
+        o_proj=_bf16_linear(f"{a}o_proj", h, n_h * cfg.v_head_dim, device, g, dtype),
     )
     width = cfg.moe_intermediate_size
     experts = [
         MLPWeights(
-            _expert_linear(f"mlp.experts.{e}.gate_proj", width, h, mode, device, g),
-            _expert_linear(f"mlp.experts.{e}.up_proj", width, h, mode, device, g),
-            _expert_linear(f"mlp.experts.{e}.down_proj", h, width, mode, device, g),
+            _expert_linear(f"mlp.experts.{e}.gate_proj", width, h, mode, device, g, dtype),
+            _expert_linear(f"mlp.experts.{e}.up_proj", width, h, mode, device, g, dtype),
+            _expert_linear(f"mlp.experts.{e}.down_proj", h, width, mode, device, g, dtype),
         )
         for e in range(cfg.n_routed_experts)
     ]
     shared_w = width * cfg.n_shared_experts
     shared = MLPWeights(
-        _bf16_linear("mlp.shared_experts.gate_proj", shared_w, h, device, g),
-        _bf16_linear("mlp.shared_experts.up_proj", shared_w, h, device, g),
-        _bf16_linear("mlp.shared_experts.down_proj", h, shared_w, device, g),
+        _bf16_linear("mlp.shared_experts.gate_proj", shared_w, h, device, g, dtype),
+        _bf16_linear("mlp.shared_experts.up_proj", shared_w, h, device, g, dtype),
+        _bf16_linear("mlp.shared_experts.down_proj", h, shared_w, device, g, dtype),
     )
     moe = MoEWeights(
         router_weight=torch.randn(cfg.n_routed_experts, h, device=device, generator=g) * WEIGHT_STD,
