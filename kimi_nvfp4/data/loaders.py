@@ -205,6 +205,7 @@ def load_data_spec(spec: str, *, n_sessions: int = DEFAULT_SESSIONS, seed: int =
                               max_turns=max_turns, progress=progress)
         result = source.load(context)
         result.source = result.source or part
+        result.provenance = source.provenance
         if not getattr(options, "outputs", True):  # TrafficOptions: prompts only
             result.requests = [replace(r, complete=False) for r in result.requests]
         results.append(result)

@@ -48,9 +48,18 @@ class PlainRecord:
     module: str = ""
     qualname: str = ""
 
-    def __init__(self, *args: Any, **kwargs: Any):
+    # pickle's NEWOBJ opcode calls cls.__new__ without __init__: the record is set up there
+    def __new__(cls, *args: Any, **kwargs: Any) -> PlainRecord:
+        self = super().__new__(cls)
         self.args = args
-        self.fields: dict[str, Any] = dict(kwargs)
+        self.fields = dict(kwargs)
+        return self
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        pass
+
+    args: tuple
+    fields: dict[str, Any]
 
     def __setstate__(self, state: Any) -> None:
         # dataclasses pickle their __dict__; slotted classes send (dict-or-None, slots-dict)

@@ -72,7 +72,8 @@ def request_from_entry(where: str, obj: Any, out: Any, created: Any) -> TrafficR
     output_text = out.get("text") if isinstance(out.get("text"), str) else None
     return TrafficRequest(where, prompt_ids=ids, prompt_text=None if ids is not None else text,
                           output_ids=output_ids, output_text=None if output_ids is not None else output_text,
-                          complete=complete, arrival=float(created) if isinstance(created, (int, float)) else None)
+                          complete=complete, arrival=float(created) if isinstance(created, (int, float)) else None,
+                          session=req.get("session_id") if isinstance(req.get("session_id"), str) else None)
 
 
 def dump_files(folder: Path) -> list[Path]:

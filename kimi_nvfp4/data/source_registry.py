@@ -54,6 +54,7 @@ class LoadResult:
     source: str = ""
     skip_counts: Counter = field(default_factory=Counter)
     files: int = 0
+    provenance: str = ""  # the source's Provenance, set by load_data_spec
 
     def note_skip(self, reason: str, category: str = "invalid record") -> None:
         self.skipped += 1
