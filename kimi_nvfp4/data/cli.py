@@ -1,4 +1,5 @@
-"""`kimi-nvfp4 data ...`: write agent sessions to JSONL, and measure what a --data spec renders to."""
+"""`kimi-nvfp4 data ...`: write agent sessions, list the --data kinds, measure (`stats`) and export (`export`) what
+a --data spec renders to."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import click
 
 from .agent_sessions import DEFAULT_MAX_TURNS, DEFAULT_SESSIONS, DEFAULT_THINKING_PROB
+from .spec_option import data_option
 
 
 @click.group("data")
@@ -41,11 +43,15 @@ def sessions_command(tree: Path | None, out: Path, n: int, seed: int, max_turns:
     click.echo(f"wrote {len(convs)} sessions to {out}")
 
 
-def _data_option(f):
-    from .source_registry import spec_help
+@data_command.command("sources")
+def sources_command() -> None:
+    """List the registered --data kinds (data/sources/): how each is written, whether its tokens are as served
+    or re-rendered with the checkpoint's chat template, and its options."""
+    from .source_registry import DATA_SOURCES
 
-    # the help lists the registered kinds (data/sources/), generated when the command is built
-    return click.option("--data", "data", required=True, help=f"Data sources: {spec_help()}.")(f)
+    for s in DATA_SOURCES.entries():
+        options = ", ".join(f"{k}={f.default!r}" for k, f in s.options_model.model_fields.items()) or "none"
+        click.echo(f"{s.usage:<18} {s.provenance:<12} {s.description} (options: {options})")
 
 
 def _split_windows(data: str, checkpoint: Path, seq_len: int, heldout_fraction: float, preserve_thinking: bool,
@@ -82,7 +88,7 @@ _COMMON = [
 def _common(f):
     for option in reversed(_COMMON):
         f = option(f)
-    return _data_option(f)
+    return data_option("Data to render.")(f)
 
 
 @data_command.command("stats")
