@@ -88,7 +88,7 @@ def test_an_internal_error_exits_70_with_its_traceback(command, tmp_path, monkey
     [
         (GateFailure("x"), 1),
         (KimiNvfp4Error("x"), 2),
-        (DataError("x"), 2),
+        (DataError("x"), 9),
         (ConfigError("x"), 2),
         (CheckpointError("x"), 3),
         (UnsupportedCheckpointError("x"), 3),

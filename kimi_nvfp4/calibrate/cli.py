@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..data.spec_option import data_option
 from ..stage_options import cli_options
 from .options import CalibrateOptions
 
@@ -16,12 +17,7 @@ from .options import CalibrateOptions
     type=click.Path(exists=True, file_okay=False),
     help="The INT4 checkpoint OUTPUT was converted from (checked against it).",
 )
-@click.option(
-    "--data",
-    required=True,
-    help="Calibration sessions: jsonl:PATH, hf:NAME[:SPLIT], tree:PATH, builtin or sample "
-    "(comma-separated to mix). The held-out part is never used here.",
-)
+@data_option("Calibration data; the held-out part is never used here.")
 @cli_options(CalibrateOptions)
 @click.option(
     "--report-dir",

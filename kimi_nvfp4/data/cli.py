@@ -1,4 +1,5 @@
-"""`kimi-nvfp4 data ...`: write agent sessions to JSONL, and measure what a --data spec renders to."""
+"""`kimi-nvfp4 data ...`: write agent sessions, list the --data kinds, measure (`stats`) and export (`export`) what
+a --data spec renders to."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import click
 
 from .agent_sessions import DEFAULT_MAX_TURNS, DEFAULT_SESSIONS, DEFAULT_THINKING_PROB
+from .spec_option import data_option
 
 
 @click.group("data")
@@ -41,40 +43,89 @@ def sessions_command(tree: Path | None, out: Path, n: int, seed: int, max_turns:
     click.echo(f"wrote {len(convs)} sessions to {out}")
 
 
+@data_command.command("sources")
+def sources_command() -> None:
+    """List the registered --data kinds (data/sources/): how each is written, whether its tokens are as served
+    or re-rendered with the checkpoint's chat template, and its options."""
+    from .source_registry import DATA_SOURCES
+
+    for s in DATA_SOURCES.entries():
+        options = ", ".join(f"{k}={f.default!r}" for k, f in s.options_model.model_fields.items()) or "none"
+        click.echo(f"{s.usage:<18} {s.provenance:<12} {s.description} (options: {options})")
+
+
+def _split_windows(data: str, checkpoint: Path, seq_len: int, heldout_fraction: float, preserve_thinking: bool,
+                   max_bad_fraction: float):
+    from .loaders import load_data_spec
+    from .source_registry import check_bad_fraction
+    from .tokenizer import load_tokenizer
+    from .windows import check_vocabulary, checkpoint_vocab_size, split_windows
+
+    results = load_data_spec(data)
+    check_bad_fraction(results, max_bad_fraction)
+    windows = split_windows(results, load_tokenizer(checkpoint), seq_len, heldout_fraction=heldout_fraction,
+                            preserve_thinking=preserve_thinking)
+    vocab_size = checkpoint_vocab_size(checkpoint)
+    if vocab_size is not None:
+        for name, part in (("calibration", windows.calibration), ("heldout", windows.heldout)):
+            check_vocabulary(part.sequences, vocab_size, data=data, where=name)
+    return results, windows
+
+
+_COMMON = [
+    click.option("--checkpoint", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
+                 help="Checkpoint folder whose tokenizer and chat template render the data."),
+    click.option("--seq-len", type=click.IntRange(min=2), default=2048, show_default=True),
+    click.option("--heldout-fraction", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.2,
+                 show_default=True),
+    click.option("--preserve-thinking", is_flag=True,
+                 help="Render sessions with every turn's reasoning (K2.6's preserve_thinking); default: as served."),
+    click.option("--max-bad-fraction", type=click.FloatRange(0, 1), default=0.01, show_default=True,
+                 help="Refuse a source with more unreadable records than this fraction."),
+]
+
+
+def _common(f):
+    for option in reversed(_COMMON):
+        f = option(f)
+    return data_option("Data to render.")(f)
+
+
 @data_command.command("stats")
-@click.option("--data", "data", required=True,
-              help="jsonl:PATH | PATH.jsonl | hf:NAME[:SPLIT] | tree:PATH | builtin | sample (comma-separated).")
-@click.option("--checkpoint", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
-              help="Checkpoint folder whose tokenizer and chat template render the sessions.")
-@click.option("--seq-len", type=click.IntRange(min=1), default=2048, show_default=True)
-@click.option("--heldout-fraction", type=click.FloatRange(0, 1), default=0.2, show_default=True)
-@click.option("--preserve-thinking", is_flag=True,
-              help="Render prompts with every turn's reasoning (K2.6's preserve_thinking); default: as served.")
+@_common
 @click.option("--json-out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the statistics as JSON here.")
 def stats_command(data: str, checkpoint: Path, seq_len: int, heldout_fraction: float, preserve_thinking: bool,
-                  json_out: Path | None) -> None:
-    """Load --data, split calibration/held-out, render each part's served requests with the checkpoint's
-    template into distinct windows (held-out disjoint from calibration); print token counts."""
-    from .loaders import load_data_spec
-    from .render import render_sessions_with_stats, split_heldout
-    from .tokenizer import load_tokenizer
+                  max_bad_fraction: float, json_out: Path | None) -> None:
+    """Per source: records read, skipped (counted by reason), requests, conversations; then the calibration and
+    held-out windows (held-out disjoint from calibration) and the unique-token fraction. Counts only: no text
+    or token id of the data is printed."""
+    from .stats import data_stats_report, write_json
 
-    results = load_data_spec(data)
-    convs = list({c.id: c for r in results for c in r.conversations}.values())
-    tokenizer = load_tokenizer(checkpoint)
-    calibration, heldout = split_heldout(convs, heldout_fraction)
-    report = {
-        "sources": [{"source": r.source, "conversations": len(r.conversations), "skipped": r.skipped,
-                     "errors": r.errors[:5]} for r in results],
-        "seq_len": seq_len,
-        "preserve_thinking": preserve_thinking,
-        "calibration": render_sessions_with_stats(calibration, tokenizer, seq_len,
-                                                  preserve_thinking=preserve_thinking).stats.to_dict(),
-        "heldout": render_sessions_with_stats(heldout, tokenizer, seq_len, preserve_thinking=preserve_thinking,
-                                              exclude=calibration).stats.to_dict(),
-    }
+    results, windows = _split_windows(data, checkpoint, seq_len, heldout_fraction, preserve_thinking,
+                                      max_bad_fraction)
+    report = data_stats_report(results, windows, seq_len=seq_len, preserve_thinking=preserve_thinking)
     text = json.dumps(report, indent=2)
     if json_out is not None:
-        json_out.write_text(text + "\n")
+        write_json(json_out, report)
     click.echo(text)
+
+
+@data_command.command("export")
+@_common
+@click.option("--samples", type=click.IntRange(min=1), default=None,
+              help="Windows per part, picked as calibrate/validate pick them with --seed (default: every window).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help='JSONL to write: {"split": "calibration"|"heldout", "ids": [...]} per window.')
+def export_command(data: str, checkpoint: Path, seq_len: int, heldout_fraction: float, preserve_thinking: bool,
+                   max_bad_fraction: float, samples: int | None, seed: int, out: Path) -> None:
+    """Write the exact token-id windows calibrate and validate use, so you can see what goes in."""
+    from .stats import pick, write_windows
+
+    _, windows = _split_windows(data, checkpoint, seq_len, heldout_fraction, preserve_thinking, max_bad_fraction)
+    parts = {"calibration": pick(windows.calibration.sequences, samples, seed),
+             "heldout": pick(windows.heldout.sequences, samples, seed)}
+    write_windows(out, parts)
+    click.echo(f"wrote {sum(len(v) for v in parts.values())} windows to {out} "
+               f"({len(parts['calibration'])} calibration, {len(parts['heldout'])} held-out)")

@@ -1,63 +1,41 @@
-"""Where sessions come from: JSONL files, Hugging Face datasets, generated agent sessions.
+"""Where sessions and requests come from: the loaders behind the registered `--data` sources.
 
-`resolve_data_spec` turns the CLI's `--data` strings into conversations:
+The vocabulary itself (`jsonl:PATH`, `sglang-dump:DIR`, ...) is the registry's (data/source_registry.py,
+one module per kind in data/sources/); this module holds the readers several sources share (JSON lines with
+skip counting, OpenAI-format records, Hugging Face datasets) and `load_data_spec` / `resolve_data_spec`, which
+turn a comma-separated `--data` string into one LoadResult per part.
 
-    jsonl:PATH | PATH.jsonl     OpenAI-format sessions, one JSON object per line
-    hf:NAME[:SPLIT]             a Hugging Face dataset (hub name, `save_to_disk` folder or .json/.jsonl file)
-    tree:PATH                   agent sessions generated over a local source tree
-    builtin                     agent sessions generated over Python stdlib packages
-    sample                      the shipped example file (sample_sessions.jsonl)
-
-Several specs may be joined with commas; duplicates (same conversation id) are kept once.
-Unusable records are skipped and counted, never silently dropped; if nothing usable remains the
-loader raises `DataError`.
+Unusable records are skipped and counted with their file and line, never silently dropped; if nothing usable
+remains the loader raises `DataError`.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import logging
 import os
-from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from pydantic import ValidationError
 
-from .agent_sessions import DEFAULT_MAX_TURNS, DEFAULT_SESSIONS, generate_agent_sessions
+from .agent_sessions import DEFAULT_MAX_TURNS, DEFAULT_SESSIONS
 from .conversations import Conversation
 from .errors import DataError
+from .traffic import TrafficRequest
+from .source_registry import LoadContext, LoadResult, parse_part, spec_help
 
 log = logging.getLogger(__name__)
 
 SAMPLE_SESSIONS_FILE = "sample_sessions.jsonl"
 DEFAULT_HF_SPLIT = "train"
-# How many skip reasons a LoadResult keeps verbatim (the count is always exact).
-MAX_RECORDED_ERRORS = 100
 # Fields that name the message list / tool list in common chat datasets.
 MESSAGE_FIELDS = ("messages", "conversation", "conversations")
 TOOLS_FIELD = "tools"
 # ShareGPT-style role names -> OpenAI roles.
 _SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "system": "system", "observation": "tool"}
-
-
-@dataclass
-class LoadResult:
-    """Conversations read from one source, and what was skipped (with reasons)."""
-
-    conversations: list[Conversation]
-    skipped: int = 0
-    errors: list[str] = field(default_factory=list)
-    source: str = ""
-
-    def note_skip(self, reason: str) -> None:
-        self.skipped += 1
-        if len(self.errors) < MAX_RECORDED_ERRORS:
-            self.errors.append(reason)
-
-    def summary(self) -> str:
-        return f"{self.source}: {len(self.conversations)} conversations, {self.skipped} skipped"
 
 
 def _short_validation_error(e: ValidationError) -> str:
@@ -95,25 +73,55 @@ def _add_record(result: LoadResult, where: str, record: Any) -> None:
     try:
         result.conversations.append(conversation_from_record(record))
     except ValidationError as e:
-        result.note_skip(f"{where}: {_short_validation_error(e)}")
+        result.note_skip(f"{where}: {_short_validation_error(e)}", "invalid conversation")
     except (ValueError, TypeError) as e:
-        result.note_skip(f"{where}: {e}")
+        result.note_skip(f"{where}: {e}", "invalid conversation")
+
+
+def add_request(result: LoadResult, where: str, make: Callable[[str, Any], TrafficRequest], record: Any) -> None:
+    """Append `make(where, record)` to `result.requests`, or note why the record is unusable. Reasons name the
+    field, never its content (a validation error's input is left out)."""
+    try:
+        if not isinstance(record, Mapping):
+            raise ValueError(f"expected a JSON object, got {type(record).__name__}")
+        result.requests.append(make(where, record))
+    except ValidationError as e:
+        result.note_skip(f"{where}: {_short_validation_error(e)}", "invalid request")
+    except KeyError as e:
+        result.note_skip(f"{where}: missing field {e}", "invalid request")
+    except (ValueError, TypeError, AttributeError) as e:
+        result.note_skip(f"{where}: {type(e).__name__}: {str(e)[:200]}", "invalid request")
 
 
 def _collect(records: Iterable[tuple[str, Any]], source: str) -> LoadResult:
-    result = LoadResult(conversations=[], source=source)
+    result = LoadResult(source=source)
     for where, record in records:
         _add_record(result, where, record)
     return result
 
 
-def _require_some(result: LoadResult) -> LoadResult:
-    if not result.conversations:
-        detail = f"; first problem: {result.errors[0]}" if result.errors else ""
-        raise DataError(f"{result.source}: no usable conversations ({result.skipped} records skipped{detail})")
-    if result.skipped:
-        log.warning("%s (first: %s)", result.summary(), result.errors[0])
-    return result
+def iter_json_lines(path: str | Path, result: LoadResult) -> Iterator[tuple[str, Any]]:
+    """(`FILE:LINE`, parsed object) per line of a JSON-lines file, streamed; empty and malformed lines are noted
+    as skips on `result`. A missing file or one that is not UTF-8 is a DataError naming it."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError("not found (expected a JSON-lines file)", file=path)
+    result.files += 1
+    try:
+        with path.open(encoding="utf-8") as f:
+            for line_no, line in enumerate(f, start=1):
+                where = f"{path}:{line_no}"
+                if not line.strip():
+                    result.note_skip(f"{where}: empty line", "empty line")
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    result.note_skip(f"{where}: malformed JSON ({e.msg} at column {e.colno})", "malformed JSON")
+                    continue
+                yield where, record
+    except UnicodeDecodeError as e:
+        raise DataError(f"not UTF-8 text ({e})", file=path) from e
 
 
 def load_jsonl(path: str | Path) -> LoadResult:
@@ -122,26 +130,10 @@ def load_jsonl(path: str | Path) -> LoadResult:
     Empty lines, malformed JSON and invalid conversations (unknown roles, tool results without a
     call, ...) are skipped and counted with their line numbers.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"file {path}: not found (expected a JSONL file of conversations)")
-    result = LoadResult(conversations=[], source=str(path))
-    try:
-        with path.open(encoding="utf-8") as f:
-            for line_no, line in enumerate(f, start=1):
-                where = f"{path}:{line_no}"
-                if not line.strip():
-                    result.note_skip(f"{where}: empty line")
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
-                    result.note_skip(f"{where}: malformed JSON ({e.msg} at column {e.colno})")
-                    continue
-                _add_record(result, where, record)
-    except UnicodeDecodeError as e:
-        raise DataError(f"file {path}: not UTF-8 text ({e})") from e
-    return _require_some(result)
+    result = LoadResult(source=str(path))
+    for where, record in iter_json_lines(path, result):
+        _add_record(result, where, record)
+    return result.require_some()
 
 
 def save_jsonl(conversations: Iterable[Conversation], path: str | Path) -> Path:
@@ -183,7 +175,7 @@ def load_hf_dataset(name: str, split: str = DEFAULT_HF_SPLIT, *, limit: int | No
     if limit is not None:
         dataset = dataset.select(range(min(limit, len(dataset))))
     rows = ((f"{name}[{split}][{i}]", row) for i, row in enumerate(dataset))
-    return _require_some(_collect(rows, f"hf:{name}:{split}"))
+    return _collect(rows, f"hf:{name}:{split}").require_some()
 
 
 def sample_sessions_path() -> Path:
@@ -191,8 +183,9 @@ def sample_sessions_path() -> Path:
     return Path(str(resources.files(__package__).joinpath(SAMPLE_SESSIONS_FILE)))
 
 
-def _parse_hf_spec(body: str) -> tuple[str, str]:
-    # NAME may itself contain ':' only as a Windows drive; split on the last ':' when it names a split.
+def parse_hf_spec(body: str) -> tuple[str, str]:
+    """`NAME[:SPLIT]` -> (name, split). NAME may contain ':' only as a Windows drive; split on the last ':'
+    when it names a split."""
     name, sep, split = body.rpartition(":")
     if sep and name and "/" not in split and not Path(body).exists():
         return name, split
@@ -204,28 +197,18 @@ def load_data_spec(spec: str, *, n_sessions: int = DEFAULT_SESSIONS, seed: int =
     """Like `resolve_data_spec` but one LoadResult per comma-separated part (for reports)."""
     parts = [p.strip() for p in spec.split(",") if p.strip()]
     if not parts:
-        raise DataError("empty --data spec (expected jsonl:PATH, hf:NAME[:SPLIT], tree:PATH, builtin or sample)")
+        raise DataError(f"empty --data spec (expected {spec_help()})")
     results = []
     for part in parts:
-        kind, _, body = part.partition(":")
-        if kind == "jsonl" and body:
-            results.append(load_jsonl(body))
-        elif part.endswith(".jsonl") and ":" not in part:
-            results.append(load_jsonl(part))
-        elif kind == "hf" and body:
-            name, split = _parse_hf_spec(body)
-            results.append(load_hf_dataset(name, split))
-        elif kind == "tree" and body:
-            convs = generate_agent_sessions(body, n=n_sessions, seed=seed, max_turns=max_turns, progress=progress)
-            results.append(LoadResult(conversations=convs, source=part))
-        elif part == "builtin":
-            convs = generate_agent_sessions(None, n=n_sessions, seed=seed, max_turns=max_turns, progress=progress)
-            results.append(LoadResult(conversations=convs, source=part))
-        elif part == "sample":
-            results.append(load_jsonl(sample_sessions_path()))
-        else:
-            raise DataError(f"--data {part!r}: expected jsonl:PATH, PATH.jsonl, hf:NAME[:SPLIT], tree:PATH, "
-                            "builtin or sample")
+        source, body, options = parse_part(part)
+        context = LoadContext(part=part, body=body, options=options, n_sessions=n_sessions, seed=seed,
+                              max_turns=max_turns, progress=progress)
+        result = source.load(context)
+        result.source = result.source or part
+        result.provenance = source.provenance
+        if not getattr(options, "outputs", True):  # TrafficOptions: prompts only
+            result.requests = [replace(r, complete=False) for r in result.requests]
+        results.append(result)
     return results
 
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -238,6 +238,44 @@ class _WindowCutter:
         return windows[::-1]  # in order of position
 
 
+class _Group(Protocol):
+    id: str
+    requests: Sequence[ServedRequest]
+
+
+def window_groups(groups: Sequence[_Group], seq_len: int, *, split_long: bool = True,
+                  exclude: Sequence[_Group] = ()) -> RenderedSessions:
+    """The distinct windows of already-tokenized served requests, grouped by conversation (`id`, `requests`):
+    what `render_sessions_with_stats` does after rendering, shared with served traffic (data/traffic.py)."""
+    if seq_len < 1:
+        raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+    cutter = _WindowCutter(seq_len, split_long)
+    reserved = TokenStats()
+    for group in exclude:
+        for request in group.requests:
+            cutter.cut(request, reserved)
+    stats = TokenStats()
+    sequences: list[torch.Tensor] = []
+    ids_of: list[str] = []
+    for group in groups:
+        stats.conversations += 1
+        for request in group.requests:
+            for window in cutter.cut(request, stats):
+                sequences.append(torch.from_numpy(window.copy()))
+                ids_of.append(group.id)
+    stats.samples = len(sequences)
+    stats.tokens = sum(int(s.numel()) for s in sequences)
+    return RenderedSessions(sequences, stats, ids_of)
+
+
+@dataclass
+class SessionRequests:
+    """A conversation's served requests, rendered (the group `window_groups` reads)."""
+
+    id: str
+    requests: list[ServedRequest]
+
+
 def render_sessions_with_stats(convs: Sequence[Conversation], tokenizer: KimiTokenizer, seq_len: int, *,
                                split_long: bool = True, preserve_thinking: bool = False,
                                exclude: Sequence[Conversation] = (), **template_kwargs: Any) -> RenderedSessions:
@@ -249,25 +287,13 @@ def render_sessions_with_stats(convs: Sequence[Conversation], tokenizer: KimiTok
     :param exclude: sessions rendered first whose windows are reserved, never returned (the other
         part of a split): the returned windows are disjoint from theirs.
     """
+    def rendered(some: Sequence[Conversation]) -> list[SessionRequests]:
+        return [SessionRequests(c.id, served_requests(c, tokenizer, preserve_thinking=preserve_thinking,
+                                                      **template_kwargs)) for c in some]
+
     if seq_len < 1:
         raise ValueError(f"seq_len must be >= 1, got {seq_len}")
-    cutter = _WindowCutter(seq_len, split_long)
-    reserved = TokenStats()
-    for conv in exclude:
-        for request in served_requests(conv, tokenizer, preserve_thinking=preserve_thinking, **template_kwargs):
-            cutter.cut(request, reserved)
-    stats = TokenStats()
-    sequences: list[torch.Tensor] = []
-    ids_of: list[str] = []
-    for conv in convs:
-        stats.conversations += 1
-        for request in served_requests(conv, tokenizer, preserve_thinking=preserve_thinking, **template_kwargs):
-            for window in cutter.cut(request, stats):
-                sequences.append(torch.from_numpy(window.copy()))
-                ids_of.append(conv.id)
-    stats.samples = len(sequences)
-    stats.tokens = sum(int(s.numel()) for s in sequences)
-    return RenderedSessions(sequences, stats, ids_of)
+    return window_groups(rendered(convs), seq_len, split_long=split_long, exclude=rendered(exclude))
 
 
 def render_sessions(convs: Sequence[Conversation], tokenizer: KimiTokenizer, seq_len: int, *,

@@ -12,6 +12,8 @@ import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..data.errors import DataError
+
 # Never uploaded: half-written outputs (`.NAME.partial`, see docs/design.md "Common rules"), hidden files and
 # folders (huggingface_hub keeps its resumable-upload state under `.cache/huggingface/`), and editor/OS debris.
 PARTIAL_SUFFIX = ".partial"
@@ -24,6 +26,9 @@ CARD_NAME = "README.md"
 REPORT_DIR_NAME = "reports"
 CALIBRATION_DIR_NAME = "calibration"  # calibrate's default report folder, and always its expert statistics
 PUBLISHED_REPORT_SUFFIXES = frozenset({".json", ".md", ".png"})
+# Files that hold users' traffic (request dumps, request logs, session and window exports): never uploaded; a
+# folder holding one is refused, so a data folder cannot be published by mistake (privacy, docs/data.md).
+DATA_SUFFIXES = frozenset({".pkl", ".pickle", ".jsonl", ".log"})
 # The source's own model card, kept beside ours when publish writes README.md (attribution, license text).
 SOURCE_CARD_NAME = "README.source.md"
 
@@ -98,6 +103,11 @@ def scan_publish_files(folder: str | Path) -> tuple[list[PublishFile], list[Left
             left_out.append(LeftOut(relative.as_posix(), "not a regular file"))
         else:
             files.append(PublishFile(relative.as_posix(), st.st_size))
+    data = [f.path for f in files if Path(f.path).suffix in DATA_SUFFIXES or ".log." in Path(f.path).name]
+    if data:
+        raise DataError(f"publish refuses to upload data ({', '.join(sorted(data)[:5])}"
+                        f"{', ...' if len(data) > 5 else ''}): request dumps, logs and session files hold users' "
+                        "prompts; move them out of the folder", file=root)
     files.sort(key=lambda f: tuple(f.path.split("/")))
     left_out.sort(key=lambda f: tuple(f.path.split("/")))
     return files, left_out

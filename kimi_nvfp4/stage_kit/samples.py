@@ -20,6 +20,7 @@ import torch
 
 from ..data.errors import DataError
 from ..data.render import DEFAULT_HELDOUT_FRACTION
+from ..data.source_registry import DEFAULT_MAX_BAD_FRACTION
 
 # Fraction of conversations reserved for validate; fixed so calibrate and validate agree.
 HELDOUT_FRACTION = DEFAULT_HELDOUT_FRACTION
@@ -43,7 +44,8 @@ class SampleSet:
     part: DataPart
     conversations: int  # conversations in this part of the split
     skipped: int  # records the loaders could not use
-    skip_reasons: list[str] = field(default_factory=list)
+    skip_reasons: list[str] = field(default_factory=list)  # file and record of each, never content
+    unique_token_fraction: float | None = None  # new tokens / tokens of every request (data/windows.py)
 
     @property
     def tokens(self) -> int:
@@ -60,15 +62,21 @@ def load_sample_set(
     seed: int,
     heldout_fraction: float = HELDOUT_FRACTION,
     generated_sessions: int | None = None,
+    max_bad_fraction: float = DEFAULT_MAX_BAD_FRACTION,
 ) -> SampleSet:
     """Load, split, render and pick `samples` sequences of `part` (raises DataError if none).
+
+    Every check on the data runs here, before the calling stage loads any weights: a source with more than
+    `max_bad_fraction` unreadable records, a part with no conversation, and token ids outside the checkpoint's
+    vocabulary (config.json `vocab_size`) are DataErrors naming the source, record or window.
 
     Generated sources (`builtin`, `tree:`) make `generated_sessions` sessions; by default enough for
     `samples` one-window sessions in this part (generation runs real tools: ~0.3 s per session).
     """
     from ..data.loaders import load_data_spec
-    from ..data.render import render_sessions, split_heldout
+    from ..data.source_registry import check_bad_fraction
     from ..data.tokenizer import load_tokenizer
+    from ..data.windows import check_vocabulary, checkpoint_vocab_size, split_windows
 
     part = DataPart(part)
     if samples < 1:
@@ -80,31 +88,27 @@ def load_sample_set(
     part_fraction = heldout_fraction if part is DataPart.HELDOUT else 1.0 - heldout_fraction
     n_sessions = generated_sessions or math.ceil(samples * _GENERATED_SESSIONS_PER_SAMPLE / part_fraction)
     results = load_data_spec(data, n_sessions=n_sessions, seed=seed)
-    seen: set[str] = set()
-    conversations = []
-    for r in results:
-        for c in r.conversations:
-            if c.id not in seen:
-                seen.add(c.id)
-                conversations.append(c)
+    check_bad_fraction(results, max_bad_fraction)
     skipped = sum(r.skipped for r in results)
     reasons = [e for r in results for e in r.errors][:20]
-    calibration, heldout = split_heldout(conversations, heldout_fraction, HELDOUT_SPLIT_SEED)
-    chosen = calibration if part is DataPart.CALIBRATION else heldout
-    if not chosen:
+    tokenizer = load_tokenizer(checkpoint)
+    windows = split_windows(results, tokenizer, seq_len, heldout_fraction=heldout_fraction,
+                            split_seed=HELDOUT_SPLIT_SEED, need_heldout=part is DataPart.HELDOUT)
+    chosen = windows.calibration if part is DataPart.CALIBRATION else windows.heldout
+    groups = windows.calibration_groups if part is DataPart.CALIBRATION else windows.heldout_groups
+    if not groups:
+        total = windows.calibration_groups + windows.heldout_groups
         raise DataError(
             f"--data {data!r}: no conversations left for the {part.value} part "
-            f"({len(conversations)} usable, held-out fraction {heldout_fraction}); give more sessions"
+            f"({total} usable, held-out fraction {heldout_fraction}); give more sessions"
         )
-    tokenizer = load_tokenizer(checkpoint)
-    # the held-out part reserves the calibration part's windows: shared text (system prompt, tool
-    # declarations) never turns up on both sides (data/render.py)
-    exclude = calibration if part is DataPart.HELDOUT else ()
-    sequences = [s.to(torch.long) for s in render_sessions(chosen, tokenizer, seq_len, exclude=exclude)
-                 if s.numel() >= 2]
+    sequences = [s.to(torch.long) for s in chosen.sequences if s.numel() >= 2]
     if not sequences:
         raise DataError(f"--data {data!r}: the {part.value} sessions rendered to no sequence of 2+ tokens")
+    vocab_size = checkpoint_vocab_size(checkpoint)
+    if vocab_size is not None:
+        check_vocabulary(sequences, vocab_size, data=data, where=part.value)
     order = list(range(len(sequences)))
     random.Random(seed).shuffle(order)
     picked = [sequences[i] for i in sorted(order[:samples])]
-    return SampleSet(picked, part, len(chosen), skipped, reasons)
+    return SampleSet(picked, part, groups, skipped, reasons, unique_token_fraction=windows.unique_token_fraction)

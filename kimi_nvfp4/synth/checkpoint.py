@@ -193,7 +193,7 @@ def create_synthetic_checkpoint(
         write_shards(layouts, tasks, seed=seed, distribution=distribution, device=dev, workers=workers, on_bytes=bar.update)
     write_index(out, weight_map, total_size)
     write_json_atomic(out / "config.json", plan.config)
-    write_tokenizer_files(out)
+    write_tokenizer_files(out, preset=preset)
     write_remote_code_files(out, plan.config)
     return out
 

@@ -4,8 +4,8 @@ builder, kimi_nvfp4/checkpoint_builder/tokenizer_files.py).
 - `tiktoken.model`: BPE ranks in tiktoken's text format (`base64(token bytes) rank` per line):
   the 256 single bytes, then merges learned by a small real BPE run over `BPE_TRAINING_TEXT`.
 - `tokenizer_config.json`: Kimi's special tokens at their real ids (docs/formats.md §1, from 163584).
-- `chat_template.jinja`: Kimi's turn format (`<|im_user|>user<|im_middle|>...<|im_end|>`, tool
-  declarations, tool calls and results).
+- `chat_template.jinja`: for `k2.6`, K2.6's template (think tags, history rule, TypeScript tool declarations;
+  assets/k2_6/chat_template.jinja); for `tiny`, Kimi's turn format without them.
 - `generation_config.json`, and `tokenization_kimi.py`: remote code that must never run; it raises
   on import so any stage that executes checkpoint code fails loudly in tests.
 """
@@ -16,6 +16,7 @@ import base64
 import json
 import re
 from collections import Counter
+from importlib import resources
 from itertools import pairwise
 from pathlib import Path
 
@@ -196,12 +197,21 @@ def write_remote_code_files(out_dir: Path, config: dict) -> list[str]:
     return sorted(files)
 
 
-def write_tokenizer_files(out_dir: Path) -> list[str]:
-    """Write every non-weight file of a Kimi checkpoint except config.json. Returns the file names."""
+def k26_chat_template() -> str:
+    """The K2.5/K2.6 template (think tags, history rule, preserve_thinking, TypeScript tool declarations) that
+    the `k2.6` preset ships, so every importer is tested against the real rendering (assets/k2_6/)."""
+    return resources.files("kimi_nvfp4").joinpath("assets/k2_6/chat_template.jinja").read_text(encoding="utf-8")
+
+
+def write_tokenizer_files(out_dir: Path, *, preset: str = "tiny") -> list[str]:
+    """Write every non-weight file of a Kimi checkpoint except config.json. Returns the file names.
+
+    `k2.6` ships K2.6's chat template (`k26_chat_template`); `tiny` keeps the simplified turn format its
+    tests pin."""
     files = {
         "tiktoken.model": tiktoken_model_text(train_bpe_ranks()),
         "tokenizer_config.json": json.dumps(tokenizer_config(), indent=2) + "\n",
-        "chat_template.jinja": CHAT_TEMPLATE,
+        "chat_template.jinja": k26_chat_template() if preset == "k2.6" else CHAT_TEMPLATE,
         "generation_config.json": json.dumps(GENERATION_CONFIG, indent=2) + "\n",
         "tokenization_kimi.py": TOKENIZATION_KIMI_PY,
     }

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import click
 
+from ..data.spec_option import data_option
+
 from ..errors import GateFailure
 from ..stage_options import cli_options
 from .options import ValidateOptions
@@ -18,12 +20,7 @@ from .options import ValidateOptions
     type=click.Path(exists=True, file_okay=False),
     help="The INT4 checkpoint OUTPUT was converted from.",
 )
-@click.option(
-    "--data",
-    required=True,
-    help="Sessions (same spec as calibrate: jsonl:PATH, hf:NAME[:SPLIT], tree:PATH, builtin, sample); "
-    "only the held-out part is used.",
-)
+@data_option("Data (same spec as calibrate); only the held-out part is used.")
 @click.option(
     "--report",
     "report_dir",

@@ -70,6 +70,11 @@ def test_malformed_lines_are_skipped_and_counted(converted_pair, sessions_jsonl)
     good = sessions_jsonl.read_text()
     bad_role = json.dumps({"messages": [{"role": "wizard", "content": "hi"}]})
     sessions_jsonl.write_text("\n" + "{not json\n" + bad_role + "\n" + good)
+    # 3 bad of 15 records: over the 1% allowed (data/source_registry.py), refused before any layer
+    with pytest.raises(DataError, match="3 of 15 records are unreadable"):
+        _run(out, src, f"jsonl:{sessions_jsonl}")
+    # under 1% (repeated sessions count as records read and are kept once): skipped and counted
+    sessions_jsonl.write_text("\n" + "{not json\n" + bad_role + "\n" + good * 30)
     report = _run(out, src, f"jsonl:{sessions_jsonl}")
     assert report.records_skipped == 3
     assert any("malformed JSON" in r for r in report.skip_reasons)

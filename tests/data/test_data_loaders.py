@@ -87,7 +87,7 @@ def test_load_jsonl_nothing_usable_is_an_error(tmp_path):
     path = _write_lines(tmp_path / "bad.jsonl", ["", "[1, 2]", json.dumps({"messages": [{"role": "x"}]})])
     with pytest.raises(DataError, match=r"bad.jsonl: no usable conversations \(3 records skipped") as info:
         load_jsonl(path)
-    assert isinstance(info.value, KimiNvfp4Error) and info.value.exit_code == 2
+    assert isinstance(info.value, KimiNvfp4Error) and info.value.exit_code == 9  # bad data
 
 
 def test_load_jsonl_missing_file(tmp_path):
@@ -137,9 +137,11 @@ def test_data_spec_combines_sources_and_dedupes(tmp_path, tool_call_record):
     assert [len(r.conversations) for r in results] == [1, 2]
 
 
-@pytest.mark.parametrize("spec", ["", "csv:x", "jsonl:", "tree"])
-def test_bad_data_spec_is_refused(spec):
-    with pytest.raises(DataError, match="expected jsonl:PATH"):
+@pytest.mark.parametrize("spec, expected", [("", "sglang-dump:DIR"), ("csv:x", "sglang-dump:DIR"),
+                                            ("jsonl:", "jsonl:PATH"), ("tree", "tree:PATH"),
+                                            ("builtin:x", "expected builtin")])
+def test_bad_data_spec_is_refused(spec, expected):
+    with pytest.raises(DataError, match=expected):
         resolve_data_spec(spec)
 
 

@@ -16,8 +16,8 @@ class CalibrateSection(CalibrateOptions):
     """[calibrate]: calibrate's options, plus the data to calibrate on."""
 
     enabled: bool = True
-    data: str | None = Field(None, description=f"a --data spec: jsonl:PATH, hf:NAME[:SPLIT], tree:PATH, builtin "
-                                               f"(default {DEFAULT_DATA})")
+    data: str | None = Field(None, description=f"a --data spec (its kinds: `kimi-nvfp4 data sources`; "
+                                               f"default {DEFAULT_DATA})")
 
 
 class CalibrateStage(ManifestRecordedStage):
