@@ -65,6 +65,13 @@ def exit_code_for(error: BaseException) -> int:
     return error.exit_code if isinstance(error, KimiNvfp4Error) else INTERNAL_ERROR_EXIT_CODE
 
 
+class ResourceError(KimiNvfp4Error):
+    """The job does not fit the memory (or disk) it may use: the message gives the plan, what it needs and what
+    would fit (stage_kit/memory_plan.py). Raised before any weight is read, or when the device runs out anyway."""
+
+    exit_code = 10
+
+
 class EngineUnavailableError(KimiNvfp4Error):
     """A serving engine the command drives (check-engine) is not installed or cannot be imported here."""
 

@@ -17,6 +17,7 @@ from kimi_nvfp4.errors import (
     GateFailure,
     KimiNvfp4Error,
     OutputError,
+    ResourceError,
     UnsupportedCheckpointError,
 )
 from kimi_nvfp4.pipeline.config import ConfigError
@@ -97,6 +98,7 @@ def test_an_internal_error_exits_70_with_its_traceback(command, tmp_path, monkey
         (ServerLaunchError("x"), 6),
         (HubAuthError("x"), 7),
         (EngineUnavailableError("x"), 8),
+        (ResourceError("x"), 10),
     ],
     ids=lambda v: type(v).__name__ if isinstance(v, Exception) else str(v),
 )

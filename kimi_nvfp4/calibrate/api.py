@@ -32,6 +32,15 @@ from ..model import LayerStreamRunner, NVFP4Weights
 from ..model.linear import NVFP4Linear
 from ..model.runner import CUDA_MAX_CHUNK_TOKENS, DEFAULT_MAX_CHUNK_TOKENS
 from ..stage_kit.device import AUTO_DTYPE, PhaseClock, dtype_name, resolve_device, resolve_dtype, synchronize
+from ..stage_kit.memory_plan import (
+    MemoryPlan,
+    announce,
+    apply_gpu_cap,
+    out_of_memory,
+    plan_stage,
+    planning_device,
+    rank_tokens,
+)
 from .options import DEFAULT_SAMPLES, DEFAULT_SEQ_LEN, CalibrateOptions
 from ..stage_kit.pairing import require_converted, require_matching_source
 from .policy import (
@@ -323,7 +332,6 @@ def calibrate_checkpoint(
     opts = CalibrateOptions.build(options, overrides, "calibrate_checkpoint")
     samples, seq_len, seed, min_expert_tokens = opts.samples, opts.seq_len, opts.seed, opts.min_expert_tokens
     device, dtype, generated_sessions = opts.device, opts.dtype, opts.generated_sessions
-    max_chunk_tokens, states_device = opts.max_chunk_tokens, opts.states_device
     started = time.perf_counter()
     policy = opts.policy
     output, source = Path(output), Path(source)
@@ -344,18 +352,22 @@ def calibrate_checkpoint(
         opts.expert_stats, output / CALIBRATION_DIR / EXPERT_STATS_DIR)
     mine = ctx.shard(sample_set.sequences)
     stats_dir = calib_dir / ACTIVATION_STATS_DIR if save_activation_stats else None
-    if max_chunk_tokens is None:
-        max_chunk_tokens = CUDA_CHUNK_TOKENS if dev.type == "cuda" else DEFAULT_MAX_CHUNK_TOKENS
+    plan = plan_stage(out_reader.layout.text, opts, stage="calibrate", device=dev, dtype=compute_dtype,
+                      tokens=sum(int(s.numel()) for s in mine), streams=1, sources=1)
+    apply_gpu_cap(dev, opts.gpu_memory)
+    announce(plan, progress and ctx.is_main)
     resume = ResumeStore(output, CALIBRATE_STAGE, ctx, calibration_fingerprint(
-        out_reader, ctx, data, mine, opts, device=dev, dtype=compute_dtype, max_chunk_tokens=max_chunk_tokens,
-        stats_dir=stats_dir, kv_cache=kv_fp8), every=opts.resume_every,
+        out_reader, ctx, data, mine, opts, device=dev, dtype=compute_dtype, stats_dir=stats_dir, kv_cache=kv_fp8), every=opts.resume_every,
         max_overhead=opts.resume_max_overhead)
-    run = run_calibration(
-        out_reader, mine, policy=policy, min_expert_tokens=min_expert_tokens, device=dev,
-        max_chunk_tokens=max_chunk_tokens, states_device=states_device, stats_dir=stats_dir,
-        progress=progress and ctx.is_main, dtype=dtype, ctx=ctx, kv_cache=kv_fp8, expert_stats=expert_hook,
-        resume=resume, snapshot=resume.load(),
-    )
+    try:
+        run = run_calibration(
+            out_reader, mine, policy=policy, min_expert_tokens=min_expert_tokens, device=dev,
+            max_chunk_tokens=plan.chunk_tokens, states_device=plan.states_device, stats_dir=stats_dir,
+            progress=progress and ctx.is_main, dtype=dtype, ctx=ctx, kv_cache=kv_fp8, expert_stats=expert_hook,
+            resume=resume, snapshot=resume.load(), materialize=plan.materialize, prefetch=plan.prefetch,
+        )
+    except torch.OutOfMemoryError as e:
+        raise out_of_memory(plan, e) from e
     if not ctx.is_main:  # rank 0 writes; the others return what it wrote
         ctx.barrier()
         return ctx.broadcast_object(None)
@@ -395,6 +407,7 @@ def calibrate_checkpoint(
         seconds=time.perf_counter() - started,
         layers=run.layers,
         kv_cache=kv_report,
+        memory_plan=plan,
     )
     write_calibration_report(report, calib_dir)
     resume.finish()  # everything is written: the snapshots are no longer needed
@@ -404,12 +417,24 @@ def calibrate_checkpoint(
     return report
 
 
+def plan_calibration(output: str | Path, options: CalibrateOptions | None = None, **overrides: Any) -> MemoryPlan:
+    """The memory plan `calibrate_checkpoint` would make for OUTPUT, from its config alone (no weights, no data):
+    for `samples x seq_len` tokens shared by the torchrun ranks (WORLD_SIZE), on `device` even if it is not here
+    (`gpu_memory` then says how much it has). `kimi-nvfp4 calibrate --dry-run` prints it."""
+    opts = CalibrateOptions.build(options, overrides, "plan_calibration")
+    dev = planning_device(opts.device)
+    reader = CheckpointReader(Path(output))
+    return plan_stage(reader.layout.text, opts, stage="calibrate", device=dev, dtype=resolve_dtype(opts.dtype, dev),
+                      tokens=rank_tokens(opts.samples * opts.seq_len), streams=1, sources=1)
+
+
 __all__ = [
     "CALIBRATE_STAGE",
     "DEFAULT_SAMPLES",
     "DEFAULT_SEQ_LEN",
     "CalibrationRun",
     "calibrate_checkpoint",
+    "plan_calibration",
     "quantized_modules",
     "run_calibration",
 ]

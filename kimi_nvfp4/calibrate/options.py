@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
+import click
 from pydantic import Field, field_validator
 
+from ..stage_kit.memory_plan import gpu_memory_field, parse_size_option
 from ..stage_kit.resume import resume_every_field, resume_max_overhead_field
 from ..stage_options import Cli, StageOptions, device_name
 from .expert_stats import ExpertStatsMode
@@ -36,9 +38,12 @@ class CalibrateOptions(StageOptions):
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="Compute dtype of the reference model. auto: bfloat16 on CUDA (what SGLang serves: bf16 "
                             "hidden states and matmuls), float32 on CPU.")
-    max_chunk_tokens: int | None = Field(None, ge=1, description="Tokens per MLP/MoE chunk (memory/speed trade-off).")
+    max_chunk_tokens: int | None = Field(None, ge=1, description="Tokens per MLP/MoE chunk (default: the memory plan "
+                                                                 "decides; results do not depend on it).")
     states_device: str | None = Field(
-        None, description="Keep hidden states here (e.g. cpu) when they do not fit the GPU.")
+        None, description="Keep hidden states here (e.g. cpu) when they do not fit the GPU (default: the memory "
+                          "plan decides).")
+    gpu_memory: Annotated[int | None, Cli(click_type=click.STRING, metavar="SIZE")] = gpu_memory_field()
     resume_every: int = resume_every_field("OUTPUT")
     resume_max_overhead: float = resume_max_overhead_field()
     expert_stats: ExpertStatsMode = Field(
@@ -55,6 +60,11 @@ class CalibrateOptions(StageOptions):
     @classmethod
     def _device_name(cls, value: Any) -> Any:
         return device_name(value)
+
+    @field_validator("gpu_memory", mode="before")
+    @classmethod
+    def _size(cls, value: Any) -> Any:
+        return parse_size_option(value)
 
     @field_validator("dtype", mode="before")
     @classmethod

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from ..stage_kit.memory_plan import MemoryPlan
 from ..stage_kit.artifacts import markdown_table, new_figure, save_figure, save_model_json, save_text
 from .kv_cache import KVCacheCalibration
 
@@ -91,6 +92,8 @@ class CalibrationReport(BaseModel):
     layers: list[LayerCalibration]
     # FP8 KV-cache scales written (calibrate/kv_cache.py); None when the checkpoint declares no KV quantization
     kv_cache: KVCacheCalibration | None = None
+    # where the run kept what, and its estimated peaks (stage_kit/memory_plan.py); rank 0's
+    memory_plan: MemoryPlan | None = None
 
     def coverage_histogram(self) -> tuple[list[str], list[int]]:
         """Expert count per routed-token bucket, over all MoE layers (bucket 0 = never routed)."""

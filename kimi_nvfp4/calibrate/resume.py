@@ -47,7 +47,7 @@ class CalibrationSnapshot(BaseModel):
 
 def calibration_fingerprint(
     reader: CheckpointReader, ctx: RankContext, data: str, sequences: list[torch.Tensor], opts: CalibrateOptions,
-    *, device: torch.device, dtype: torch.dtype, max_chunk_tokens: int | None, stats_dir: Path | None,
+    *, device: torch.device, dtype: torch.dtype, stats_dir: Path | None,
     kv_cache: bool,
 ) -> dict[str, Any]:
     """Everything that decides calibrate's results for this rank (stage_kit/resume_fingerprint.py)."""
@@ -55,7 +55,7 @@ def calibration_fingerprint(
         **run_identity(CALIBRATE_STAGE, ctx, data, sequences),
         "checkpoint": checkpoint_identity(reader),
         "options": {**opts.recorded(), "expert_stats": opts.expert_stats.value},
-        "compute": compute_identity(device, dtype, max_chunk_tokens),
+        "compute": compute_identity(device, dtype),
         "activation_stats_dir": None if stats_dir is None else str(stats_dir.resolve()),
         "kv_cache": kv_cache,
     }

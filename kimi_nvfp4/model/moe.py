@@ -218,6 +218,7 @@ def _routed_sorted(
     inter = w.experts[spans[0][0]].gate_proj.out_features if spans else 0
     gate = rows_q.new_empty(n_rows, inter)
     up = rows_q.new_empty(n_rows, inter)
+    gq = uq = None
     for e, a, b in spans:
         ex = w.experts[e]
         gq = uq = rows_q[a:b]
@@ -232,7 +233,8 @@ def _routed_sorted(
             x_seen = rows[a:b] if rows is not None else None
             notify_linear(observer, layer, ex.gate_proj.module, x_seen, gate[a:b], e)
             notify_linear(observer, layer, ex.up_proj.module, x_seen, up[a:b], e)
-    del rows, rows_q
+    # the loop's views keep the expert-sorted [T*k, hidden] buffers alive: drop them with their bases
+    del rows, rows_q, gq, uq
     h = pointwise_rows(_swiglu, gate, up)
     del gate, up
     downs = [w.experts[e].down_proj for e, _, _ in spans]

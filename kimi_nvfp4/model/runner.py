@@ -145,6 +145,7 @@ class LayerStreamRunner:
         self._loader: ThreadPoolExecutor | None = None
         self._load_stream: torch.cuda.Stream | None = None
         self._pending: tuple[int, Future] | None = None
+        self._head: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def num_layers(self) -> int:
@@ -157,8 +158,22 @@ class LayerStreamRunner:
             ids = torch.as_tensor(ids, dtype=torch.long).reshape(-1).cpu()
             if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= table.shape[0]):
                 raise ValueError(f"sequence {i}: token ids must lie in [0, {table.shape[0]})")
-            out.append(table[ids].to(device=self.states_device, dtype=self.dtype))
+            out.append(self._to_states(table[ids].to(self.dtype)))
         return HiddenStates(out)
+
+    @property
+    def states_on_host(self) -> bool:
+        """Whether the hidden states live in host memory while the compute runs on a GPU (the memory plan's
+        choice when they do not fit beside a layer): then they are kept in pinned memory, so each copy is one DMA
+        transfer instead of a staged one."""
+        return self.states_device.type == "cpu" and self.device.type == "cuda"
+
+    def _to_states(self, t: torch.Tensor) -> torch.Tensor:
+        if not self.states_on_host:
+            return t.to(self.states_device)
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        host.copy_(t)  # synchronous: the CPU may read the states (snapshots) as soon as this returns
+        return host
 
     def _load(self, i: int) -> LayerWeights:
         if self.device.type != "cuda":
@@ -212,8 +227,8 @@ class LayerStreamRunner:
             raise ValueError(f"weights of layer {w.index} passed for layer {i}")
         out = []
         for x in states.sequences:
-            h, _ = attention_block(self.config, self.rope, w, x.to(self.device), observer=observer)
-            out.append(h.to(self.states_device))
+            h, _ = attention_block(self.config, self.rope, w, x.to(self.device, non_blocking=True), observer=observer)
+            out.append(self._to_states(h))
         return HiddenStates(out)
 
     def feed_forward(
@@ -226,11 +241,10 @@ class LayerStreamRunner:
         """
         self._auto_materialize(w, states.num_tokens)
         for chunk in token_chunks(states.lengths, self.max_chunk_tokens):
-            x = torch.cat([states.sequences[si][a:b] for si, a, b in chunk]).to(self.device)
+            x = torch.cat([states.sequences[si][a:b].to(self.device, non_blocking=True) for si, a, b in chunk])
             y = mlp_block(self.config, w, x, observer=observer, need_output=output)
             if not output:
                 continue
-            y = y.to(self.states_device)
             offset = 0
             for si, a, b in chunk:
                 states.sequences[si][a:b] = y[offset : offset + b - a]
@@ -273,9 +287,11 @@ class LayerStreamRunner:
             w.materialize()
 
     def logits(self, states: HiddenStates) -> Iterator[torch.Tensor]:
-        """Per sequence, `[seq_len, vocab]` logits on the compute device (final norm, then lm_head)."""
-        norm = self.source.final_norm(self.device)
-        head = self.source.lm_head(self.device).to(self.dtype)
+        """Per sequence, `[seq_len, vocab]` logits on the compute device (final norm, then lm_head). One copy of
+        the head per runner however many streams take logits at once (2.2 GiB at K2.6's vocabulary in bf16)."""
+        if self._head is None:
+            self._head = (self.source.final_norm(self.device), self.source.lm_head(self.device).to(self.dtype))
+        norm, head = self._head
         step = self.max_chunk_tokens or None
         for x in states.sequences:
             parts = []

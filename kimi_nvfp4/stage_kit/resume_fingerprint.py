@@ -29,12 +29,12 @@ def checkpoint_identity(reader: CheckpointReader) -> dict[str, Any]:
     return {"path": str(reader.root.resolve()), "files": load_file_digests(reader.root), "shards": shards}
 
 
-def compute_identity(device: torch.device, dtype: torch.dtype, max_chunk_tokens: int | None) -> dict[str, Any]:
-    """What decides the bits of a token's activations besides the weights: dtype, device kind (and GPU model),
-    and the chunk size (BLAS blocking depends on the number of rows)."""
+def compute_identity(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    """What decides the bits of a token's activations besides the weights: dtype, device kind (and GPU model).
+    Not the chunk size or the memory plan: the model's products are batch-invariant (model/batch_invariant.py), so
+    a run resumed under another plan (another GPU's free memory) continues with the same bits."""
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-    return {"dtype": str(dtype).removeprefix("torch."), "device": device.type, "gpu": gpu,
-            "max_chunk_tokens": max_chunk_tokens}
+    return {"dtype": str(dtype).removeprefix("torch."), "device": device.type, "gpu": gpu}
 
 
 def run_identity(stage: str, ctx: RankContext, data: str, sequences: Sequence[torch.Tensor]) -> dict[str, Any]:

@@ -18,6 +18,15 @@ from typing import Any, Sequence
 import torch
 
 from ..stage_kit.device import AUTO_DTYPE, PhaseClock, dtype_name, resolve_device, resolve_dtype, synchronize
+from ..stage_kit.memory_plan import (
+    MemoryPlan,
+    announce,
+    apply_gpu_cap,
+    out_of_memory,
+    plan_stage,
+    planning_device,
+    rank_tokens,
+)
 from ..stage_kit.pairing import require_converted, require_matching_source
 from ..stage_kit.progress import job_tokens, layer_progress
 from ..stage_kit.samples import DataPart, load_sample_set
@@ -47,19 +56,21 @@ from .weights import WeightComparer, WeightSummary
 VALIDATE_STAGE = "validate"
 
 
-def _runner_kwargs(dev, max_chunk_tokens, states_device, dtype, prefetch) -> dict:
+def _runner_kwargs(dev, max_chunk_tokens, states_device, dtype, prefetch, materialize) -> dict:
     if max_chunk_tokens is None:
         max_chunk_tokens = CUDA_MAX_CHUNK_TOKENS if dev.type == "cuda" else DEFAULT_MAX_CHUNK_TOKENS
     return {
         "device": dev, "progress": False, "states_device": states_device, "dtype": dtype,
-        "max_chunk_tokens": max_chunk_tokens, "materialize_layers": "auto", "prefetch": prefetch,
+        "max_chunk_tokens": max_chunk_tokens, "materialize_layers": materialize, "prefetch": prefetch,
     }
 
 
-def _drift(ref, test) -> RelativeError:
+def _drift(ref, test, device: torch.device) -> RelativeError:
+    """The relative MSE between two streams, on the compute device (host-resident states are copied per sequence:
+    the CPU's fp64 arithmetic over 7 billion values per stream would take minutes per layer)."""
     acc = RelativeError()
     for a, b in zip(ref.sequences, test.sequences):
-        acc.add(a, b.to(a.device))
+        acc.add(a.to(device, non_blocking=True), b.to(device, non_blocking=True))
     return acc
 
 
@@ -120,6 +131,7 @@ def compare_streams(
     progress: bool = True,
     dtype: str | torch.dtype = AUTO_DTYPE,
     prefetch: bool | None = None,
+    materialize: bool | str = "auto",
     ctx: RankContext | None = None,
     baseline: bool = False,
     expert_check_tokens: int | None = DEFAULT_EXPERT_CHECK_TOKENS,
@@ -136,12 +148,14 @@ def compare_streams(
     the amax (Model Optimizer rule) conversion of the same INT4 experts (validate/baseline.py). `resume`: snapshot
     the streams every `resume.store.every` layers, and continue from `resume.snapshot` if set (validate/resume.py).
     `expert_check_tokens`: tokens compared per expert and layer in the per-expert check (validate/experts.py).
+    `materialize`: dequantize each layer once (True), per chunk (False), or "auto" (when it fits the free memory);
+    validate_checkpoint passes its memory plan's choice.
     """
     ctx = ctx or RankContext()
     compute_dtype = resolve_dtype(dtype, device)
     if prefetch is None:
         prefetch = device.type == "cuda"
-    kw = _runner_kwargs(device, max_chunk_tokens, states_device, compute_dtype, prefetch)
+    kw = _runner_kwargs(device, max_chunk_tokens, states_device, compute_dtype, prefetch, materialize)
     ref_runner = LayerStreamRunner(Int4SourceWeights(src_reader), **kw)
     wanted = list(dict.fromkeys(modes))
     # one NVFP4 source, opened in the most demanding mode asked for; W4A16 is a switch away
@@ -207,7 +221,7 @@ def compare_streams(
             clock.mark(f"{mode.value}_attention")
             states[mode] = nv_runner.feed_forward(attended, w_nv)
             del attended
-            drift[mode] = _drift(new_ref, states[mode])
+            drift[mode] = _drift(new_ref, states[mode], device)
             clock.mark(f"{mode.value}_mlp")
         for mode, err in merge_relative_errors(ctx, drift).items():
             entry.drift[mode.value] = err.rel_mse
@@ -218,7 +232,7 @@ def compare_streams(
                     for lin in expert.linears():
                         lin.drop_materialized()
             base_states = nv_runner.feed_forward(nv_runner.attend(layer, base_states, w_base), w_base)
-            merged = merge_relative_errors(ctx, {BASELINE_NAME: _drift(new_ref, base_states)})
+            merged = merge_relative_errors(ctx, {BASELINE_NAME: _drift(new_ref, base_states, device)})
             entry.baseline_drift = merged[BASELINE_NAME].rel_mse
             clock.mark("baseline_stream")
         del w_nv, w_base
@@ -290,7 +304,6 @@ def validate_checkpoint(
     """
     opts = ValidateOptions.build(options, overrides, "validate_checkpoint")
     device, samples, seq_len, seed = opts.device, opts.samples, opts.seq_len, opts.seed
-    max_chunk_tokens, states_device = opts.max_chunk_tokens, opts.states_device
     started = time.perf_counter()
     thresholds = gates or (opts.thresholds() if opts.sets_thresholds else DEFAULT_GATES)
     mode_list = opts.modes
@@ -303,8 +316,6 @@ def validate_checkpoint(
     ctx = rank_context(dev)
     dev = ctx.device(dev)
     compute_dtype = resolve_dtype(opts.dtype, dev)
-    if max_chunk_tokens is None:
-        max_chunk_tokens = CUDA_MAX_CHUNK_TOKENS if dev.type == "cuda" else DEFAULT_MAX_CHUNK_TOKENS
     sample_set = load_sample_set(
         output,
         data,
@@ -317,9 +328,11 @@ def validate_checkpoint(
 
     mine = ctx.shard(sample_set.sequences)
     baseline = baseline_enabled(opts.baseline, sample_set.tokens)
+    plan = _plan(out_reader, opts, dev, compute_dtype, sum(int(s.numel()) for s in mine), baseline)
+    apply_gpu_cap(dev, opts.gpu_memory)
+    announce(plan, progress and ctx.is_main)
     resume = ValidationResume(ResumeStore(report_dir, VALIDATE_STAGE, ctx, validation_fingerprint(
-        out_reader, src_reader, ctx, data, mine, opts, device=dev, dtype=compute_dtype,
-        max_chunk_tokens=max_chunk_tokens, baseline=baseline, flag_rel_mse=thresholds.weight_rel_mse_max,
+        out_reader, src_reader, ctx, data, mine, opts, device=dev, dtype=compute_dtype, baseline=baseline, flag_rel_mse=thresholds.weight_rel_mse_max,
     ), every=opts.resume_every, max_overhead=opts.resume_max_overhead))
     resume.snapshot = resume.store.load()
     # the structural scan reads every tensor once: rank 0's job (kept in its snapshots), shared at the end
@@ -328,23 +341,28 @@ def validate_checkpoint(
         structure = check_structure(out_reader, src_reader, progress=progress)
     resume.structure = structure
     progress = progress and ctx.is_main
-    run = compare_streams(
-        src_reader,
-        out_reader,
-        mine,
-        modes=mode_list,
-        reduction=reduction,
-        device=dev,
-        flag_rel_mse=thresholds.weight_rel_mse_max,
-        max_chunk_tokens=max_chunk_tokens,
-        states_device=states_device,
-        progress=progress,
-        dtype=compute_dtype,
-        ctx=ctx,
-        baseline=baseline,
-        expert_check_tokens=opts.expert_check_tokens,
-        resume=resume,
-    )
+    try:
+        run = compare_streams(
+            src_reader,
+            out_reader,
+            mine,
+            modes=mode_list,
+            reduction=reduction,
+            device=dev,
+            flag_rel_mse=thresholds.weight_rel_mse_max,
+            max_chunk_tokens=plan.chunk_tokens,
+            states_device=plan.states_device,
+            progress=progress,
+            dtype=compute_dtype,
+            prefetch=plan.prefetch,
+            materialize=plan.materialize,
+            ctx=ctx,
+            baseline=baseline,
+            expert_check_tokens=opts.expert_check_tokens,
+            resume=resume,
+        )
+    except torch.OutOfMemoryError as e:
+        raise out_of_memory(plan, e) from e
     structure = ctx.broadcast_object(structure)
     gate_results = evaluate_gates(
         thresholds, structure, run.weights, run.layers, run.end_to_end, run.mode_errors, mode_list, run.baseline
@@ -375,6 +393,7 @@ def validate_checkpoint(
         end_to_end=run.end_to_end,
         baseline=run.baseline,
         mode_errors=run.mode_errors,
+        memory_plan=plan,
         gates=gate_results,
         passed=all(g.passed for g in gate_results),
     )
@@ -387,6 +406,23 @@ def validate_checkpoint(
         resume.store.finish()  # the report is written: the snapshots are no longer needed
     ctx.barrier()
     return report
+
+
+def _plan(reader: CheckpointReader, opts: ValidateOptions, device: torch.device, dtype: torch.dtype, tokens: int,
+          baseline: bool) -> MemoryPlan:
+    """Validate's memory plan: the INT4 stream, one per mode and the baseline's, over two checkpoints per layer."""
+    return plan_stage(reader.layout.text, opts, stage="validate", device=device, dtype=dtype, tokens=tokens,
+                      streams=1 + len(opts.modes) + int(baseline), sources=2, baseline=baseline)
+
+
+def plan_validation(output: str | Path, options: ValidateOptions | None = None, **overrides: Any) -> MemoryPlan:
+    """The memory plan `validate_checkpoint` would make for OUTPUT from its config alone (no weights, no data),
+    for `samples x seq_len` tokens shared by the torchrun ranks; `kimi-nvfp4 validate --dry-run` prints it."""
+    opts = ValidateOptions.build(options, overrides, "plan_validation")
+    dev = planning_device(opts.device)
+    total = opts.samples * opts.seq_len
+    return _plan(CheckpointReader(Path(output)), opts, dev, resolve_dtype(opts.dtype, dev), rank_tokens(total),
+                 baseline_enabled(opts.baseline, total))
 
 
 def _usable(w: LayerWeights, mode: ActivationMode) -> bool:

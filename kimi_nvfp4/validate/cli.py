@@ -29,15 +29,24 @@ from .options import ValidateOptions
     help="Folder for validate_report.{json,md} and the PNG plots.",
 )
 @cli_options(ValidateOptions)
+@click.option("--dry-run", is_flag=True,
+              help="Print the memory plan as JSON and exit 0, reading only OUTPUT's config (no weights, no data): "
+                   "for --samples x --seq-len tokens per torchrun rank, on --device even where it is absent "
+                   "(--device cuda --gpu-memory 80GiB sizes a job for an 80 GB GPU).")
 @click.option("--no-progress", is_flag=True, help="Hide progress bars.")
 def validate_command(
-    output: str, source: str, data: str, report_dir: str, options: ValidateOptions, no_progress: bool
+    output: str, source: str, data: str, report_dir: str, options: ValidateOptions, dry_run: bool, no_progress: bool
 ) -> None:
     """Run the INT4 SOURCE and the NVFP4 OUTPUT side by side on held-out sessions; exit 0 only if every gate passes.
 
     Exit codes: 0 all gates pass, 1 a gate failed (the report says which and by how much), 2-5 bad input
     (see kimi-nvfp4 --help).
     """
+    if dry_run:
+        from .api import plan_validation
+
+        click.echo(plan_validation(output, options).model_dump_json(indent=2))
+        return
     from .api import validate_checkpoint
 
     report = validate_checkpoint(output, source, data, options, report_dir=report_dir, progress=not no_progress)

@@ -12,6 +12,7 @@ from pydantic import Field, field_validator
 from ..calibrate.options import CalibrateOptions
 from ..model.linear import ActivationMode
 from ..model.nvfp4_linears import InputScaleReduction
+from ..stage_kit.memory_plan import gpu_memory_field, parse_size_option
 from ..stage_kit.resume import resume_every_field, resume_max_overhead_field
 from ..stage_options import Cli, StageOptions, device_name
 from .experts import DEFAULT_EXPERT_CHECK_TOKENS
@@ -65,6 +66,7 @@ class ValidateOptions(StageOptions):
     max_chunk_tokens: int | None = Field(None, ge=1, description="Tokens per MLP/MoE chunk.")
     states_device: str | None = Field(
         None, description="Keep hidden states here (e.g. cpu) when they do not fit the GPU.")
+    gpu_memory: Annotated[int | None, Cli(click_type=click.STRING, metavar="SIZE")] = gpu_memory_field()
 
     # What decides the verdict (with the data spec and the thresholds), as validate records it.
     RECORDED: ClassVar[tuple[str, ...]] = (
@@ -75,6 +77,11 @@ class ValidateOptions(StageOptions):
     @classmethod
     def _device_name(cls, value: Any) -> Any:
         return device_name(value)
+
+    @field_validator("gpu_memory", mode="before")
+    @classmethod
+    def _size(cls, value: Any) -> Any:
+        return parse_size_option(value)
 
     @field_validator("dtype", mode="before")
     @classmethod

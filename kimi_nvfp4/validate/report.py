@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from ..stage_kit.memory_plan import MemoryPlan
 from ..stage_kit.artifacts import markdown_table, new_figure, save_figure, save_model_json, save_text
 from ..checkpoint.verdict import ValidateVerdict
 from .experts import ExpertError
@@ -87,6 +88,8 @@ class ValidationReport(BaseModel):
     end_to_end: list[EndToEnd]
     baseline: EndToEnd | None = None  # the amax baseline stream end to end (validate/baseline.py)
     mode_errors: dict[str, str]  # a mode that could not run, and why
+    # where the run kept what, and its estimated peaks (stage_kit/memory_plan.py); None in reports written before
+    memory_plan: MemoryPlan | None = None
     gates: list[GateResult]
     passed: bool
     # The verdict sealed to the shard digests, thresholds and data judged (checkpoint/verdict.py); publish reads it

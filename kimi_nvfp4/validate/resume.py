@@ -74,7 +74,7 @@ class ValidationSnapshot(BaseModel):
 def validation_fingerprint(
     out_reader: CheckpointReader, src_reader: CheckpointReader, ctx: RankContext, data: str,
     sequences: list[torch.Tensor], opts: ValidateOptions, *, device: torch.device, dtype: torch.dtype,
-    max_chunk_tokens: int | None, baseline: bool, flag_rel_mse: float,
+    baseline: bool, flag_rel_mse: float,
 ) -> dict[str, Any]:
     """Everything that decides validate's figures for this rank (stage_kit/resume_fingerprint.py)."""
     return {
@@ -82,7 +82,7 @@ def validation_fingerprint(
         "checkpoint": checkpoint_identity(out_reader),
         "source": checkpoint_identity(src_reader),
         "options": {**opts.recorded(), "baseline": baseline, "flag_rel_mse": flag_rel_mse},
-        "compute": compute_identity(device, dtype, max_chunk_tokens),
+        "compute": compute_identity(device, dtype),
     }
 
 

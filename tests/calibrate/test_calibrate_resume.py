@@ -50,7 +50,8 @@ def _killed(out, src, loads, **options):
 
 def _numbers(report) -> dict:
     data = report.model_dump(mode="json")
-    for key in ("seconds", "checkpoint"):
+    # the memory plan records the free memory of its moment, like the wall time
+    for key in ("seconds", "checkpoint", "memory_plan"):
         data.pop(key)
     return data
 

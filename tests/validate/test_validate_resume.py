@@ -56,6 +56,7 @@ def _killed(out, src, report_dir, counts, **options):
 def _numbers(report) -> dict:
     data = report.model_dump(mode="json")
     data.pop("seconds")
+    data.pop("memory_plan")  # the free memory of its moment, like the wall time
     data["verdict"].pop("sealed_at")
     return data
 

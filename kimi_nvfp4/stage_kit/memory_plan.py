@@ -1,0 +1,370 @@
+"""The memory planner of the model stages (calibrate, validate): where things live, sized before the first layer.
+
+A model stage holds, besides one decoder layer at a time, every sequence's hidden state for each stream it steps
+(calibrate: one; validate: INT4, one per NVFP4 mode, and the amax baseline), plus one more while a layer runs (the
+post-attention residual). At Kimi K2.6's defaults (512 x 2048 tokens, hidden 7168, bf16) a stream is 14 GiB, a
+layer's routed experts 8.9 GiB as stored and 31.5 GiB decoded, a 65,536-token MoE chunk ~41 GiB of working
+memory. What fits depends on the GPU and on the other jobs sharing it, so nothing here is a constant: the plan is
+made from the memory the stage may use (the GPU's free memory or a `--gpu-memory` cap; the host's available RAM)
+and from the checkpoint's config, and it decides, in this order of what gives way first:
+1. whether each layer is dequantized once (`materialize`, a speed win: without it every expert is dequantized once
+   per chunk);
+2. whether the next layer is read while this one computes (`prefetch`);
+3. the MLP/MoE chunk size (halved down to MIN_CHUNK_TOKENS);
+4. where the hidden states live: the GPU, or pinned host memory (copied per sequence, on the copy stream).
+An explicit setting (`--max-chunk-tokens`, `--states-device`) is kept; if it cannot fit, the plan is refused
+before any weight is read, with the setting that would fit (`ResourceError`, exit 10).
+
+The estimate is a sum of named components (`MemoryPlan.components`), each from the config and the ops that hold
+it; bench/bench_memory_plan.py compares it with the measured peak on the H200 (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from ..checkpoint.k2_config import K2Config
+from ..errors import ResourceError
+# Bytes per (token x hidden) value of one MLP/MoE chunk and per routed (token, expert) pair (model/runner.py).
+from ..model.runner import CHUNK_BYTES_PER_VALUE, SORTED_BUFFERS_PER_PAIR
+
+GIB = 2**30
+# Kept free besides the plan: the CUDA context's later allocations (cuBLAS workspaces, Triton), the caching
+# allocator's fragmentation, attention's per-sequence blocks.
+GPU_HEADROOM_BYTES = 3 * GIB
+# Fraction of the GPU's memory a plan may use: allocator block rounding makes the peak reserved memory exceed the
+# peak allocated by a few percent.
+GPU_USABLE_FRACTION = 0.94
+# Kept free on the host for the process itself (Python, torch, tokenizer, page cache of the shards).
+HOST_HEADROOM_BYTES = 4 * GIB
+MIN_CHUNK_TOKENS = 4096
+# States stay on the GPU only with chunks of at least 1/4 of the default: smaller chunks dequantize every expert
+# that many more times per layer, which costs more than copying the states over PCIe.
+DEVICE_STATES_MIN_CHUNK_FRACTION = 4
+# Per-position logits work at the end of validate: the INT4 and NVFP4 logits of one sequence in fp32 and the
+# log-softmax temporaries of the KL (validate/metrics.py), in units of `seq_len x vocab` fp32 values.
+LOGITS_VALUES_PER_POSITION = 6
+
+Stage = Literal["calibrate", "validate"]
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
+
+
+def parse_bytes(text: str | int | float) -> int:
+    """`80GiB`, `80G`, `48 GB`, `1.5TiB` or a number of bytes -> bytes (GB = 10^9, GiB = 2^30; a bare `G` is GiB)."""
+    if isinstance(text, (int, float)):
+        return int(text)
+    m = _SIZE.match(str(text))
+    if not m:
+        raise ValueError(f"{text!r} is not a size (e.g. 80GiB, 48GB, 137438953472)")
+    value, unit, binary = float(m.group(1)), m.group(2).lower(), m.group(3)
+    power = " kmgt".index(unit) if unit else 0
+    decimal = str(text).strip().lower().endswith(f"{unit}b") and not binary
+    return int(value * (1000 if decimal else 1024) ** power)
+
+
+def format_bytes(n: int) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+@dataclass(frozen=True)
+class LayerSizes:
+    """Bytes of one MoE decoder layer of `cfg` as the runner holds it (the largest layer of a K2 model)."""
+
+    cfg: K2Config
+    dtype_bytes: int
+
+    @property
+    def expert_values(self) -> int:
+        return 3 * self.cfg.hidden_size * self.cfg.moe_intermediate_size * self.cfg.n_routed_experts
+
+    @property
+    def experts_stored(self) -> int:
+        """Routed experts as loaded: 4-bit codes plus group scales (INT4: bf16 per 32; NVFP4: e4m3 per 16)."""
+        return self.expert_values // 2 + self.expert_values // 16
+
+    @property
+    def experts_materialized(self) -> int:
+        return self.expert_values * self.dtype_bytes
+
+    @property
+    def dense(self) -> int:
+        """Attention, shared experts and router in the compute dtype (router fp32)."""
+        c = self.cfg
+        q = (c.hidden_size * c.q_lora_rank + c.q_lora_rank * c.num_attention_heads * c.qk_head_dim) if c.q_lora_rank \
+            else c.hidden_size * c.num_attention_heads * c.qk_head_dim
+        kv = c.hidden_size * (c.kv_lora_rank + c.qk_rope_head_dim) \
+            + c.kv_lora_rank * c.num_attention_heads * (c.qk_nope_head_dim + c.v_head_dim)
+        o = c.num_attention_heads * c.v_head_dim * c.hidden_size
+        shared = 3 * c.hidden_size * c.moe_intermediate_size * c.n_shared_experts
+        dense_mlp = 3 * c.hidden_size * c.intermediate_size if c.first_k_dense_replace else 0
+        # layer 0's dense MLP replaces the experts there; the larger of the two is what a layer can hold
+        return (q + kv + o + shared) * self.dtype_bytes + c.n_routed_experts * c.hidden_size * 4 \
+            + max(0, dense_mlp * self.dtype_bytes - self.experts_stored)
+
+    @property
+    def stored(self) -> int:
+        return self.experts_stored + self.dense
+
+    @property
+    def lm_head(self) -> int:
+        return self.cfg.vocab_size * self.cfg.hidden_size * self.dtype_bytes
+
+
+class MemoryPlan(BaseModel):
+    """Where a model stage keeps what, and what that is estimated to cost (recorded in the stage's report)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stage: str
+    device: str
+    dtype: str
+    tokens: int  # this rank's tokens
+    seq_len: int
+    streams: int
+    states_device: str
+    chunk_tokens: int
+    materialize: bool
+    prefetch: bool
+    gpu_budget_bytes: int | None
+    host_budget_bytes: int
+    estimated_peak_gpu_bytes: int | None
+    estimated_peak_host_bytes: int
+    components: dict[str, int]
+
+    @property
+    def states_on_host(self) -> bool:
+        return self.device.startswith("cuda") and self.states_device == "cpu"
+
+    def summary(self) -> str:
+        gpu = "" if self.estimated_peak_gpu_bytes is None else (
+            f", GPU peak ~{format_bytes(self.estimated_peak_gpu_bytes)} of {format_bytes(self.gpu_budget_bytes)}")
+        return (f"memory plan ({self.stage}): {self.streams} stream(s) x {self.tokens:,} tokens on "
+                f"{'host (pinned)' if self.states_on_host else self.states_device}, chunks of {self.chunk_tokens:,} "
+                f"tokens, layers {'dequantized once' if self.materialize else 'dequantized per chunk'}"
+                f"{', next layer prefetched' if self.prefetch else ''}{gpu}, host peak "
+                f"~{format_bytes(self.estimated_peak_host_bytes)} of {format_bytes(self.host_budget_bytes)}")
+
+
+def gpu_budget(device: torch.device, cap: int | None) -> int:
+    """Bytes the stage may use on `device`: `cap` (a shared GPU, a test, or planning for another GPU), else what
+    is free now plus what this process's allocator holds unused, times GPU_USABLE_FRACTION."""
+    if cap is not None:
+        return cap
+    if not torch.cuda.is_available():
+        raise ResourceError(f"planning for {device} needs --gpu-memory (torch sees no CUDA device here)")
+    free, _total = torch.cuda.mem_get_info(device)
+    free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return int(free * GPU_USABLE_FRACTION)
+
+
+def host_budget(cap: int | None) -> int:
+    if cap is not None:
+        return cap
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def _chunk_bytes(cfg: K2Config, tokens: int, dtype_bytes: int) -> int:
+    pairs = SORTED_BUFFERS_PER_PAIR * cfg.num_experts_per_tok * dtype_bytes
+    return (CHUNK_BYTES_PER_VALUE + pairs) * tokens * cfg.hidden_size
+
+
+def estimate(cfg: K2Config, *, stage: Stage, device: torch.device, dtype: torch.dtype, tokens: int, seq_len: int,
+             streams: int, sources: int, states_on_device: bool, chunk_tokens: int, materialize: bool,
+             prefetch: bool, baseline: bool = False) -> tuple[int | None, int, dict[str, int]]:
+    """(peak GPU bytes or None on CPU, peak host bytes, components) of one configuration."""
+    size = LayerSizes(cfg, torch.empty((), dtype=dtype).element_size())
+    stream = tokens * cfg.hidden_size * size.dtype_bytes
+    chunk = min(chunk_tokens, max(tokens, 1))
+    on_gpu = device.type == "cuda"
+    comp = {
+        # every stream, and the post-attention residual of the one being stepped
+        "hidden_states": (streams + 1) * stream,
+        "layers_stored": sources * size.stored,
+        "next_layers_prefetched": sources * size.stored if prefetch else 0,
+        # validate dequantizes the INT4 layer and the NVFP4 layer; calibrate its one layer
+        "layers_dequantized": sources * size.experts_materialized if materialize else 0,
+        "chunk_work": _chunk_bytes(cfg, chunk, size.dtype_bytes),
+        # validate's amax baseline: its own routed experts beside the checkpoint's (validate/baseline.py)
+        "baseline_experts": (size.experts_stored + (size.experts_materialized if materialize else 0)) if baseline
+        else 0,
+    }
+    # validate's end: every stream still held, one lm_head per checkpoint, one sequence's logits and KL
+    logits = sources * size.lm_head + LOGITS_VALUES_PER_POSITION * min(seq_len, tokens) * cfg.vocab_size * 4
+    comp["logits_work"] = logits if stage == "validate" else 0
+    states_gpu = comp["hidden_states"] if states_on_device else 2 * seq_len * cfg.hidden_size * size.dtype_bytes * 2
+    layer_phase = states_gpu + comp["layers_stored"] + comp["next_layers_prefetched"] + comp["layers_dequantized"] \
+        + comp["chunk_work"] + comp["baseline_experts"]
+    logits_phase = states_gpu + comp["logits_work"]
+    embed = cfg.vocab_size * cfg.hidden_size * 2  # the embedding table stays on the host (bf16)
+    host_states = 0 if states_on_device else comp["hidden_states"]
+    if on_gpu:
+        comp["gpu_headroom"] = GPU_HEADROOM_BYTES
+        gpu = max(layer_phase, logits_phase) + GPU_HEADROOM_BYTES
+        # layers are read into host memory before the upload (one per source, two while prefetching)
+        host = host_states + embed + (2 if prefetch else 1) * comp["layers_stored"] + HOST_HEADROOM_BYTES
+        return gpu, host, comp
+    host = max(layer_phase, logits_phase) + embed + HOST_HEADROOM_BYTES
+    return None, host, comp
+
+
+def plan_memory(cfg: K2Config, *, stage: Stage, device: torch.device, dtype: torch.dtype, tokens: int, seq_len: int,
+                streams: int, sources: int, gpu_memory: int | None = None, host_memory: int | None = None,
+                chunk_tokens: int | None = None, states_device: str | None = None, default_chunk_tokens: int,
+                baseline: bool = False) -> MemoryPlan:
+    """The plan for a model stage over `tokens` tokens (this rank's) in `streams` hidden-state streams, reading
+    `sources` checkpoints per layer. `chunk_tokens` / `states_device`: the user's explicit settings (kept, or
+    refused with what would fit). Raises ResourceError when nothing fits."""
+    on_gpu = device.type == "cuda"
+    gpu_cap = gpu_budget(device, gpu_memory) if on_gpu else None
+    host_cap = host_budget(host_memory)
+    tried = []
+    for on_device, chunk, prefetch, materialize in _candidates(device, sources, chunk_tokens, states_device,
+                                                                default_chunk_tokens):
+        gpu, host, comp = estimate(cfg, stage=stage, device=device, dtype=dtype, tokens=tokens, seq_len=seq_len,
+                                   streams=streams, sources=sources, states_on_device=on_device, chunk_tokens=chunk,
+                                   materialize=materialize, prefetch=prefetch, baseline=baseline)
+        tried.append((on_device, chunk, gpu, host))
+        if host <= host_cap and (gpu is None or gpu <= gpu_cap):
+            return MemoryPlan(
+                stage=stage, device=str(device), dtype=str(dtype).removeprefix("torch."), tokens=tokens,
+                seq_len=seq_len, streams=streams, states_device=str(device) if on_device else "cpu",
+                chunk_tokens=chunk, materialize=materialize, prefetch=prefetch,
+                gpu_budget_bytes=gpu_cap, host_budget_bytes=host_cap, estimated_peak_gpu_bytes=gpu,
+                estimated_peak_host_bytes=host, components=comp)
+    raise ResourceError(_refusal(stage, device, tokens, streams, gpu_cap, host_cap, tried, chunk_tokens,
+                                 states_device, cfg, dtype, seq_len, sources, gpu_memory, host_memory,
+                                 default_chunk_tokens, baseline))
+
+
+def _candidates(device: torch.device, sources: int, chunk_tokens: int | None, states_device: str | None,
+                default_chunk_tokens: int):
+    """Configurations in order of preference (see the module docstring): states on the device with chunks down to
+    a quarter of the default, then states on the host with every chunk size; within each, prefetch and every
+    source dequantized once first, giving way one source at a time."""
+    if device.type != "cuda":
+        for chunk in [chunk_tokens] if chunk_tokens else _halvings(default_chunk_tokens):
+            yield True, chunk, False, False
+        return
+    explicit_states = None if states_device is None else torch.device(states_device).type == device.type
+    placements = [explicit_states] if explicit_states is not None else [True, False]
+    for on_device in placements:
+        chunks = [chunk_tokens] if chunk_tokens else _halvings(default_chunk_tokens)
+        if on_device and not chunk_tokens and explicit_states is None:
+            # below a quarter of the default, dequantizing every expert per chunk costs more than host states
+            chunks = [c for c in chunks if c * DEVICE_STATES_MIN_CHUNK_FRACTION >= default_chunk_tokens] or chunks[:1]
+        for chunk in chunks:
+            for materialize in (True, False):
+                for prefetch in (True, False):
+                    yield on_device, chunk, prefetch, materialize
+
+
+def _halvings(start: int) -> list[int]:
+    out, c = [], start
+    while c >= MIN_CHUNK_TOKENS:
+        out.append(c)
+        c //= 2
+    return out or [start]
+
+
+def _refusal(stage, device, tokens, streams, gpu_cap, host_cap, tried, chunk_tokens, states_device, cfg, dtype,
+             seq_len, sources, gpu_memory, host_memory, default_chunk_tokens, baseline) -> str:
+    smallest = min(tried, key=lambda t: (t[2] or 0) + t[3])
+    need = (f"at least ~{format_bytes(smallest[2])} of GPU memory (budget {format_bytes(gpu_cap)}) and "
+            if smallest[2] is not None else "") + f"~{format_bytes(smallest[3])} of host memory " \
+                                                  f"(budget {format_bytes(host_cap)})"
+    advice = []
+    if chunk_tokens is not None or states_device is not None:
+        try:
+            fallback = plan_memory(cfg, stage=stage, device=device, dtype=dtype, tokens=tokens, seq_len=seq_len,
+                                   streams=streams, sources=sources, gpu_memory=gpu_memory, host_memory=host_memory,
+                                   default_chunk_tokens=default_chunk_tokens, baseline=baseline)
+            advice.append(f"without the explicit setting it fits: --max-chunk-tokens {fallback.chunk_tokens} "
+                          f"--states-device {fallback.states_device}")
+        except ResourceError:
+            pass
+    if not advice:
+        advice.append("use fewer --samples or a shorter --seq-len, run on more GPUs (torchrun: each rank holds its "
+                      "share of the sequences), or free memory on the host")
+    return (f"{stage}: {streams} stream(s) of {tokens:,} tokens on {device} do not fit: the smallest plan needs "
+            f"{need}; {'; '.join(advice)}")
+
+
+# --- what the stages share -------------------------------------------------------------------------------------
+
+def gpu_memory_field():
+    """The `gpu_memory` option of every model stage (a size such as 80GiB; stored in bytes)."""
+    from pydantic import Field
+
+    return Field(None, ge=1, description="GPU memory this stage may use, e.g. 80GiB (default: what is free when it "
+                                         "starts). Also caps the process's allocations: for a shared GPU, and for "
+                                         "planning another GPU with --dry-run.")
+
+
+def parse_size_option(value):
+    """A `gpu_memory` value from the CLI, pipeline.toml or the API: a size string, a number of bytes or None."""
+    return None if value is None or value == "" else parse_bytes(value)
+
+
+def apply_gpu_cap(device: torch.device, cap: int | None) -> None:
+    """Hold this process to `cap` bytes on `device` (the caching allocator refuses beyond it), so that what the
+    plan promised is also what the process may take on a shared GPU."""
+    if cap is None or device.type != "cuda" or not torch.cuda.is_available():
+        return
+    total = torch.cuda.get_device_properties(device).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), device)
+
+
+def out_of_memory(plan: MemoryPlan, error: BaseException) -> ResourceError:
+    """The named error for a CUDA out-of-memory that happened despite the plan (another process took memory, or
+    the estimate was short): the plan, and what to change."""
+    return ResourceError(
+        f"{plan.stage} ran out of GPU memory despite its plan ({plan.summary()}): {str(error).splitlines()[0]} -- "
+        f"another process may be using the GPU; give the stage less with --gpu-memory (e.g. "
+        f"{max(1, int(plan.gpu_budget_bytes * 0.8 / GIB)) if plan.gpu_budget_bytes else 40}GiB), or keep the hidden "
+        f"states on the host with --states-device cpu")
+
+
+def announce(plan: MemoryPlan, enabled: bool) -> None:
+    """The plan's one line on stderr (and nothing when progress output is off)."""
+    if enabled:
+        import sys
+
+        print(plan.summary(), file=sys.stderr, flush=True)
+
+
+def default_chunk_tokens(device: torch.device) -> int:
+    from ..model.runner import CUDA_MAX_CHUNK_TOKENS, DEFAULT_MAX_CHUNK_TOKENS
+
+    return CUDA_MAX_CHUNK_TOKENS if device.type == "cuda" else DEFAULT_MAX_CHUNK_TOKENS
+
+
+def plan_stage(cfg: K2Config, opts, *, stage: Stage, device: torch.device, dtype: torch.dtype, tokens: int,
+               streams: int, sources: int, baseline: bool = False) -> MemoryPlan:
+    """The plan for a stage's options model (`gpu_memory`, `max_chunk_tokens`, `states_device`, `seq_len`)."""
+    return plan_memory(cfg, stage=stage, device=device, dtype=dtype, tokens=tokens, seq_len=opts.seq_len,
+                       streams=streams, sources=sources, gpu_memory=opts.gpu_memory,
+                       chunk_tokens=opts.max_chunk_tokens, states_device=opts.states_device,
+                       default_chunk_tokens=default_chunk_tokens(device), baseline=baseline)
+
+
+def planning_device(name: str) -> torch.device:
+    """The device a `--dry-run` plans for, which need not be present here (`--device cuda --gpu-memory 80GiB` on
+    a laptop); `auto` is what this machine has."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def rank_tokens(total: int) -> int:
+    """This rank's share of `total` tokens under torchrun (WORLD_SIZE), rounded up: what a dry run plans for."""
+    import os
+
+    world = max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    return -(-total // world)
