@@ -21,6 +21,7 @@ it; bench/bench_memory_plan.py compares it with the measured peak on the H200 (d
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from typing import Literal
@@ -313,12 +314,23 @@ def parse_size_option(value):
 
 
 def apply_gpu_cap(device: torch.device, cap: int | None) -> None:
-    """Hold this process to `cap` bytes on `device` (the caching allocator refuses beyond it), so that what the
-    plan promised is also what the process may take on a shared GPU."""
-    if cap is None or device.type != "cuda" or not torch.cuda.is_available():
+    """Prepare the CUDA allocator for the plan: expandable segments, and `cap` bytes at most on `device` (the
+    caching allocator refuses beyond it), so that what the plan promised is also what the process may take on a
+    shared GPU.
+
+    Expandable segments because the plan counts the bytes the stage allocates, and with the default allocator
+    the K2.6 validate at 512 x 2048 ran out of memory with 30 GiB reserved but unallocated in blocks of the wrong
+    size (bench/results/memory_plan_h200.json): a stream of 14 GiB tensors freed and allocated in other sizes
+    fragments fixed segments. A user's own PYTORCH_CUDA_ALLOC_CONF is left as it is."""
+    if device.type != "cuda" or not torch.cuda.is_available():
         return
-    total = torch.cuda.get_device_properties(device).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), device)
+    if "PYTORCH_CUDA_ALLOC_CONF" not in os.environ and "PYTORCH_ALLOC_CONF" not in os.environ:
+        torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+    if cap is None:
+        return
+    index = torch.cuda.current_device() if device.index is None else device.index  # the API takes an index
+    total = torch.cuda.get_device_properties(index).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), index)
 
 
 def out_of_memory(plan: MemoryPlan, error: BaseException) -> ResourceError:
