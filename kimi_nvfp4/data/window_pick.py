@@ -100,13 +100,20 @@ def check_enough(sequences: Sequence[torch.Tensor], *, samples: int, seq_len: in
                  generated: bool) -> None:
     """ShortDataError when fewer than `samples` of `sequences` are full `seq_len` windows (see the module doc)."""
     full = len(full_windows(sequences, seq_len))
+    require_full(full, len(sequences) - full, samples=samples, seq_len=seq_len, data=data, part=part,
+                 generated=generated, shorter=suggested_seq_len(sequences, samples))
+
+
+def require_full(full: int, short: int, *, samples: int, seq_len: int, data: str, part: str, generated: bool,
+                 shorter: int | None = None) -> None:
+    """ShortDataError when `full` < `samples`, from counts (the streaming path keeps no window it does not pick)."""
     if full >= samples:
         return
-    short = len(sequences) - full
     fixes = [f"--samples {full}" if full else None]
-    shorter = suggested_seq_len(sequences, samples)
     if shorter is not None and shorter < seq_len:
         fixes.append(f"--seq-len {shorter} (about {samples} full windows at that length)")
+    elif short:
+        fixes.append("a shorter --seq-len")
     fixes.append("more sessions (--sessions, for builtin and tree:)" if generated else "more data")
     raise ShortDataError(
         f"--data {data!r}: the {part} part gives {full} full windows of {seq_len} tokens "

@@ -29,6 +29,9 @@ HELDOUT_SPLIT_SEED = 0
 # Generated sources (`builtin`, `tree:`) make this many sessions per requested sample at least,
 # so both parts of the split have enough after the held-out cut.
 _GENERATED_SESSIONS_PER_SAMPLE = 1
+# An SGLang dump folder at least this large is windowed streaming, in bounded memory (data/stream_windows.py);
+# smaller ones, and every other source, through the exact in-memory prefix tree (data/windows.py).
+STREAM_MIN_BYTES = 256 * 2**20
 # Rounds of doubling the generated sessions while a part has fewer full windows than asked (x2**5 = 32x at most).
 MAX_GENERATION_ROUNDS = 6
 
@@ -94,6 +97,9 @@ def load_sample_set(
     n_sessions = generated_sessions or math.ceil((samples or 1) * _GENERATED_SESSIONS_PER_SAMPLE / part_fraction)
     recorded = recorded_calibration_hashes(checkpoint) if part is DataPart.HELDOUT else frozenset()
     vocab_size = checkpoint_vocab_size(checkpoint)
+    if samples is not None and streams(data):
+        return _streamed_sample_set(checkpoint, data, part, samples, seq_len, seed, heldout_fraction, recorded,
+                                    vocab_size, max_bad_fraction)
     grown_from = None
     for _ in range(MAX_GENERATION_ROUNDS):
         loaded = _load_part(checkpoint, data, part, seq_len, heldout_fraction, n_sessions, seed, max_bad_fraction)
@@ -153,3 +159,47 @@ def _load_part(checkpoint, data: str, part: DataPart, seq_len: int, heldout_frac
         raise DataError(f"--data {data!r}: the {part.value} sessions rendered to no sequence of 2+ tokens")
     return _LoadedPart(sequences, groups, sum(r.skipped for r in results), [e for r in results for e in r.errors][:20],
                        windows.unique_token_fraction, any(r.provenance == Provenance.GENERATED for r in results))
+
+
+def streams(data: str) -> bool:
+    """Whether `data` is windowed streaming: one `sglang-dump:` folder of at least STREAM_MIN_BYTES of pickles."""
+    from ..data.source_registry import parse_part
+
+    if "," in data:
+        return False
+    source, body, _ = parse_part(data.strip())
+    if source.name != "sglang-dump" or not Path(body).is_dir():
+        return False
+    return sum(f.stat().st_size for f in Path(body).rglob("*.pkl") if f.is_file()) >= STREAM_MIN_BYTES
+
+
+def _streamed_sample_set(checkpoint, data: str, part: DataPart, samples: int, seq_len: int, seed: int,
+                         heldout_fraction: float, recorded: frozenset[str], vocab_size: int | None,
+                         max_bad_fraction: float) -> SampleSet:
+    """load_sample_set's checks and pick over data/stream_windows.py (bottom-k picks by hash, counts only)."""
+    from ..data.source_registry import LoadResult
+    from ..data.stream_windows import StreamWindower, stream_dump_requests, stream_sample_windows
+    from ..data.tokenizer import load_tokenizer
+    from ..data.window_pick import require_full
+
+    result = LoadResult(source=data.strip())
+    windower = StreamWindower(load_tokenizer(checkpoint), seq_len, samples, seed, heldout_fraction=heldout_fraction,
+                              split_seed=HELDOUT_SPLIT_SEED, vocab_size=vocab_size, exclude=recorded)
+    streamed = stream_sample_windows(stream_dump_requests(data.strip(), result), windower)
+    read = streamed.calibration.requests + streamed.heldout.requests + result.skipped
+    if not read or result.skipped / read > max_bad_fraction:
+        reasons = ", ".join(f"{n} {k}" for k, n in result.skip_counts.most_common())
+        first = f"; first: {result.errors[0]}" if result.errors else ""
+        raise DataError(f"{data}: {result.skipped} of {read} records are unreadable (more than the "
+                        f"{max_bad_fraction:.0%} allowed: {reasons}){first}; fix or remove them")
+    chosen = streamed.calibration if part is DataPart.CALIBRATION else streamed.heldout
+    if not chosen.conversations:
+        raise DataError(f"--data {data!r}: no conversations left for the {part.value} part "
+                        f"(held-out fraction {heldout_fraction}); give more sessions")
+    require_full(chosen.full, chosen.short, samples=samples, seq_len=seq_len, data=data, part=part.value,
+                 generated=False)
+    sequences = streamed.sequences(part.value, samples)
+    require_full(len(sequences), chosen.short, samples=samples, seq_len=seq_len, data=data, part=part.value,
+                 generated=False)  # held-out picks equal to calibration picks are dropped
+    return SampleSet(sequences, part, len(chosen.conversations), result.skipped, result.errors[:20],
+                     unique_token_fraction=streamed.unique_token_fraction, excluded_windows=streamed.excluded)
