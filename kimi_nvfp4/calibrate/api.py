@@ -59,6 +59,7 @@ from .report import (
     write_calibration_report,
 )
 from ..stage_kit.samples import HELDOUT_FRACTION, DataPart, load_sample_set
+from ..data.window_pick import CALIBRATION_WINDOWS_RECORD, calibration_window_hashes
 from .shard import (
     CALIBRATE_STAGE,
     install_input_scales,
@@ -389,6 +390,8 @@ def calibrate_checkpoint(
         stage_outputs={
             "report": str(calib_dir.relative_to(output)) if calib_dir.is_relative_to(output) else str(calib_dir),
             **({} if expert_hook is None else {EXPERT_STATS_RECORD: expert_hook.record(output)}),
+            # hashes (never ids) of the windows used: validate's held-out part leaves them out (data/window_pick.py)
+            CALIBRATION_WINDOWS_RECORD: calibration_window_hashes(sample_set.sequences),
         },
     )
     report = CalibrationReport(

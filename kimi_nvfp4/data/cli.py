@@ -114,7 +114,8 @@ def stats_command(data: str, checkpoint: Path, seq_len: int, heldout_fraction: f
 @data_command.command("export")
 @_common
 @click.option("--samples", type=click.IntRange(min=1), default=None,
-              help="Windows per part, picked as calibrate/validate pick them with --seed (default: every window).")
+              help="Full --seq-len windows per part, picked as calibrate/validate pick them with --seed (fewer is "
+                   "an error, as in the stages); default: every window, shorter ones included.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help='JSONL to write: {"split": "calibration"|"heldout", "ids": [...]} per window.')
@@ -124,8 +125,8 @@ def export_command(data: str, checkpoint: Path, seq_len: int, heldout_fraction: 
     from .stats import pick, write_windows
 
     _, windows = _split_windows(data, checkpoint, seq_len, heldout_fraction, preserve_thinking, max_bad_fraction)
-    parts = {"calibration": pick(windows.calibration.sequences, samples, seed),
-             "heldout": pick(windows.heldout.sequences, samples, seed)}
+    parts = {name: pick(part.sequences, samples, seed, seq_len=seq_len, data=data, part=name)
+             for name, part in (("calibration", windows.calibration), ("heldout", windows.heldout))}
     write_windows(out, parts)
     click.echo(f"wrote {sum(len(v) for v in parts.values())} windows to {out} "
                f"({len(parts['calibration'])} calibration, {len(parts['heldout'])} held-out)")

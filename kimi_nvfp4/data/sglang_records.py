@@ -54,7 +54,7 @@ def _ids(value: Any, what: str) -> tuple[int, ...] | None:
     return tuple(value)
 
 
-def request_from_entry(where: str, obj: Any, out: Any, created: Any) -> TrafficRequest:
+def request_from_entry(where: str, obj: Any, out: Any, created: Any, finished: Any = None) -> TrafficRequest:
     """One `(GenerateReqInput, out_dict, created, finished)` entry (or a log line's `obj`/`out`)."""
     req = _fields(obj)
     out = out if isinstance(out, Mapping) else {}
@@ -70,10 +70,22 @@ def request_from_entry(where: str, obj: Any, out: Any, created: Any) -> TrafficR
         raise ValueError("neither input_ids nor text")
     output_ids = _ids(out.get("output_ids"), "output_ids")
     output_text = out.get("text") if isinstance(out.get("text"), str) else None
+    sampling = req.get("sampling_params") if isinstance(req.get("sampling_params"), Mapping) else {}
     return TrafficRequest(where, prompt_ids=ids, prompt_text=None if ids is not None else text,
                           output_ids=output_ids, output_text=None if output_ids is not None else output_text,
-                          complete=complete, arrival=float(created) if isinstance(created, (int, float)) else None,
-                          session=req.get("session_id") if isinstance(req.get("session_id"), str) else None)
+                          complete=complete, arrival=_seconds(created),
+                          session=req.get("session_id") if isinstance(req.get("session_id"), str) else None,
+                          finished=_seconds(finished), max_new_tokens=_count(sampling.get("max_new_tokens")),
+                          output_tokens=len(output_ids) if output_ids is not None else _count(
+                              meta.get("completion_tokens")))
+
+
+def _seconds(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _count(value: Any) -> int | None:
+    return value if type(value) is int and value >= 0 else None
 
 
 def dump_files(folder: Path) -> list[Path]:

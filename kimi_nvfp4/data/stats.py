@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -39,14 +38,17 @@ def data_stats_report(results: Sequence[LoadResult], windows: SplitWindows, *, s
     }
 
 
-def pick(sequences: Sequence[torch.Tensor], samples: int | None, seed: int) -> list[torch.Tensor]:
-    """`samples` windows chosen as stage_kit/samples.py chooses them (all, in order, when None)."""
+def pick(sequences: Sequence[torch.Tensor], samples: int | None, seed: int, *, seq_len: int, data: str,
+         part: str) -> list[torch.Tensor]:
+    """`samples` full windows chosen as stage_kit/samples.py chooses them, or the ShortDataError it raises
+    (data/window_pick.py); every window of 2+ tokens, in order, when `samples` is None."""
+    from .window_pick import check_enough, pick_full
+
     usable = [s for s in sequences if s.numel() >= 2]
     if samples is None:
         return usable
-    order = list(range(len(usable)))
-    random.Random(seed).shuffle(order)
-    return [usable[i] for i in sorted(order[:samples])]
+    check_enough(usable, samples=samples, seq_len=seq_len, data=data, part=part, generated=False)
+    return pick_full(usable, samples, seq_len, seed)
 
 
 def _atomic_write(path: Path, write) -> None:

@@ -53,6 +53,10 @@ class TrafficRequest:
     complete: bool = True
     session: str | None = None
     arrival: float | None = None  # unix seconds the server received it
+    # what serve-check's replay (serve_check/replay.py) needs to send the request again, never used for windows:
+    finished: float | None = None  # unix seconds the server finished it
+    max_new_tokens: int | None = None  # the recorded sampling_params.max_new_tokens
+    output_tokens: int | None = None  # tokens the server generated (len(output_ids), else meta completion_tokens)
 
     def __post_init__(self) -> None:
         forms = sum(x is not None for x in (self.prompt_ids, self.prompt_text, self.messages))

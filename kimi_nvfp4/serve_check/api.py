@@ -24,6 +24,7 @@ from .profiles import DEFAULT_HOST, DEFAULT_PORT, build_launch_command, get_prof
 from .quality.agreement import AgreementSamples, collect_agreement_samples, score_agreement
 from .quality.humaneval import run_humaneval
 from .quality.tool_calls import run_tool_call_check
+from .replay import ReplayConfig, ReplayReport, load_plan, run_replay_async
 from .report import (Gates, QualityConfig, QualityReport, ServeCheckReport, TargetInfo, evaluate_gates,
                      summarise_checks, write_report)
 from .workload import LoadConfig
@@ -158,6 +159,7 @@ def run_serve_check(
     """
     opts = ServeCheckOptions.build(options, overrides, "run_serve_check")
     profile, url, compare, load, quality = opts.profile, opts.url, opts.compare, opts.load, opts.quality
+    replay = opts.replay
     extra_args, compare_extra_args = opts.extra_args, opts.compare_extra_args
     port, ready_timeout_s = opts.port, opts.ready_timeout_s
     if (profile is None) == (url is None):
@@ -170,6 +172,8 @@ def run_serve_check(
     report_dir.mkdir(parents=True, exist_ok=True)
     started = _now()
     spec = url or profile
+    # the recorded traffic is read (and any bad record refused) before a server is launched
+    plan = load_plan(replay) if replay is not None else None
     with serving(checkpoint, spec, report_dir, extra_args=extra_args, port=port, ready_timeout_s=ready_timeout_s,
                  gpus=gpus) as target:
         if target.reference_emulator:  # a CPU emulator: size the work to it, or stop now
@@ -178,34 +182,49 @@ def run_serve_check(
         if load is not None and load.concurrency:
             sweep = asyncio.run(run_sweep_async(target.url, load, label=target.label,
                                                 num_gpus=_num_gpus(load, target), progress=progress))
+        replayed = _replay(target, replay, load, plan, progress)
         activations = (quality.agreement_activations or (get_profile(profile).activations if profile else None)
                        or target.server_info.get("emulated_activations") or "w4a4")
         quality_report, samples = asyncio.run(_quality(target.url, checkpoint, quality))
     _score_agreement(quality_report, samples, checkpoint, quality, activations, progress)
     compare_target: TargetInfo | None = None
     compare_sweep: LoadSweep | None = None
-    if compare is not None and load is not None and load.concurrency:
+    compare_replayed: ReplayReport | None = None
+    if compare is not None and ((load is not None and load.concurrency) or replay is not None):
         with serving(checkpoint, compare, report_dir, extra_args=compare_extra_args, port=port,
                      ready_timeout_s=ready_timeout_s, gpus=gpus) as compare_target:
             if compare_target.reference_emulator:
                 check_reference_fit(compare_target.url, compare_target.server_info, load, _LOAD_ONLY)
-            compare_sweep = asyncio.run(run_sweep_async(compare_target.url, load, label=compare_target.label,
-                                                        num_gpus=_num_gpus(load, compare_target), progress=progress))
+            if load is not None and load.concurrency:
+                compare_sweep = asyncio.run(run_sweep_async(
+                    compare_target.url, load, label=compare_target.label, num_gpus=_num_gpus(load, compare_target),
+                    progress=progress))
+            compare_replayed = _replay(compare_target, replay, load, plan, progress)
     gates = quality.gates or (Gates.reference() if target.reference_emulator else Gates.production())
-    results = evaluate_gates(gates, sweep, quality_report, quality, target.reference_emulator)
+    results = evaluate_gates(gates, sweep, quality_report, quality, target.reference_emulator, replayed)
     report = ServeCheckReport(
         tool_version=__version__, checkpoint=str(checkpoint), started_at=started, finished_at=_now(),
-        target=target, load=sweep, compare_target=compare_target, compare=compare_sweep, quality=quality_report,
-        checks=summarise_checks(sweep, quality_report, quality, target.reference_emulator),
+        target=target, load=sweep, compare_target=compare_target, compare=compare_sweep, replay=replayed,
+        compare_replay=compare_replayed, quality=quality_report,
+        checks=summarise_checks(sweep, quality_report, quality, target.reference_emulator, replayed),
         gates=results, passed=all(g.passed for g in results),
     )
     write_report(report, report_dir)
-    _record_stage(checkpoint, report, report_dir, load, quality, compare)
+    _record_stage(checkpoint, report, report_dir, load, quality, compare, replay)
     return report
 
 
+def _replay(target: TargetInfo, replay: ReplayConfig | None, load: LoadConfig | None, plan, progress: bool
+            ) -> ReplayReport | None:
+    if replay is None:
+        return None
+    gpus = _num_gpus(load or LoadConfig(), target)
+    return asyncio.run(run_replay_async(target.url, replay, label=target.label, num_gpus=gpus, progress=progress,
+                                        plan=plan))
+
+
 def _record_stage(checkpoint: Path, report: ServeCheckReport, report_dir: Path, load: LoadConfig | None,
-                  quality: QualityConfig, compare: str | None) -> None:
+                  quality: QualityConfig, compare: str | None, replay: ReplayConfig | None = None) -> None:
     """Add `stages["serve_check"]` to the converted folder's manifest (skipped for folders without one).
 
     Setting keys are this stage's own (`server`, `load_config`, ...): the pipeline merges its keys
@@ -217,7 +236,8 @@ def _record_stage(checkpoint: Path, report: ServeCheckReport, report_dir: Path, 
     manifest = load_manifest(checkpoint)
     manifest.stages[SERVE_CHECK_STAGE] = StageRecord(
         settings={"server": report.target.label, "compare_with": compare,
-                  "load_config": load.model_dump() if load else None, "quality_config": quality.model_dump()},
+                  "load_config": load.model_dump() if load else None, "quality_config": quality.model_dump(),
+                  **({"replay_config": replay.model_dump()} if replay else {})},
         complete=True,
         finished_at=report.finished_at,
         outputs={"passed": report.passed, "report": str(report_dir),

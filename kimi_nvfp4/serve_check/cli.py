@@ -39,6 +39,13 @@ def _int_list(ctx, param, value: str | None) -> list[int] | None:
 @click.option("--request-timeout", type=float, help="limit per request (s)")
 @click.option("--num-gpus", type=int, help="GPUs behind the server for per-GPU throughput (default: profile TP)")
 @click.option("--no-load", is_flag=True, help="skip the load sweep")
+@click.option("--replay", "replay_data", metavar="SPEC",
+              help="replay recorded traffic as the load (sglang-dump:DIR, sglang-log:DIR, openai:FILE, ...): its "
+                   "prompts, arrival times and output lengths; replaces the synthetic sweep unless --concurrency")
+@click.option("--replay-speed", type=float, help="time compression of the replay (10: a day in 2.4 h)")
+@click.option("--replay-concurrency", type=int, help="replayed requests in flight at most (default 64)")
+@click.option("--replay-limit", type=int, help="replay the first N recorded requests by arrival")
+@click.option("--replay-timeout", type=float, help="wall-clock limit of the whole replay (s)")
 @click.option("--no-humaneval", is_flag=True, help="skip HumanEval")
 @click.option("--humaneval-limit", type=int, help="first N HumanEval problems")
 @click.option("--no-tool-calls", is_flag=True, help="skip the tool-call check")
@@ -49,10 +56,11 @@ def _int_list(ctx, param, value: str | None) -> list[int] | None:
 @click.option("--no-progress", is_flag=True, help="no progress bars")
 def serve_check_command(checkpoint, report_dir, options: ServeCheckOptions, concurrency, sessions, turns,
                         input_tokens, output_tokens, tool_gap, point_timeout, request_timeout, num_gpus, no_load,
-                        no_humaneval, humaneval_limit, no_tool_calls, no_agreement, agreement_device, gates,
+                        replay_data, replay_speed, replay_concurrency, replay_limit, replay_timeout, no_humaneval, humaneval_limit, no_tool_calls, no_agreement, agreement_device, gates,
                         no_progress):
     """Serve CHECKPOINT (launch SGLang with --profile, or attach with --url), load it with closed-loop
-    coding-agent sessions across a concurrency sweep, run quality smoke tests, and write a report.
+    coding-agent sessions across a concurrency sweep (or, with --replay, with recorded traffic at its own arrival
+    times), run quality smoke tests, and write a report.
 
     Exit code 0 when every gate passes, 1 when one fails (the report says which), 5 when the GPUs do
     not fit the profile, 6 when the server fails to start.
@@ -70,8 +78,14 @@ def serve_check_command(checkpoint, report_dir, options: ServeCheckOptions, conc
                                      agreement=not no_agreement, humaneval_limit=humaneval_limit,
                                      agreement_device=agreement_device, gates=gate_set).items() if v is not None}
     # Tables of overrides: ServeCheckOptions starts them from the default or the --quick preset.
+    replay = None
+    if replay_data is not None:
+        replay = {k: v for k, v in dict(data=replay_data, speed=replay_speed, concurrency=replay_concurrency,
+                                        limit=replay_limit, timeout_s=replay_timeout,
+                                        request_timeout_s=request_timeout).items() if v is not None}
+        no_load = no_load or concurrency is None  # the team's traffic is the load test
     options = options_from_cli(ServeCheckOptions, {**dict(options), "load": None if no_load else load,
-                                                   "quality": quality})
+                                                   "replay": replay, "quality": quality})
     report = run_serve_check(checkpoint, options, report_dir=report_dir, progress=not no_progress)
     click.echo(f"serve-check {'passed' if report.passed else 'FAILED'}; report in {report_dir}/serve_check.md")
     raise_on_failure(report)

@@ -194,3 +194,37 @@ class ChatClient:
             "input_ids": input_ids, "return_logprob": True,
             "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0},
         })
+
+    async def generate(self, *, input_ids: list[int] | None = None, text: str | None = None, max_new_tokens: int,
+                       ignore_eos: bool = False, temperature: float = 0.0) -> ChatResult:
+        """SGLang native /generate of one prompt (token ids as served, or rendered text), timed like `chat`.
+
+        Not streamed (the reference server's /generate answers whole), so `ttft_s` stays None; usage comes from
+        `meta_info` (`prompt_tokens`, `completion_tokens`, `cached_tokens`)."""
+        sampling = {"max_new_tokens": max_new_tokens, "temperature": temperature}
+        if ignore_eos:
+            sampling["ignore_eos"] = True
+        body = {"input_ids": input_ids} if input_ids is not None else {"text": text}
+        body["sampling_params"] = sampling
+        res = ChatResult(ok=False, start=time.monotonic())
+        try:
+            async with self._session.post(self.base_url + "/generate", json=body) as r:
+                if r.status != 200:
+                    res.error = f"HTTP {r.status}: {(await r.text())[:MAX_ERROR_CHARS]}"
+                    return res
+                out = await r.json()
+        except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as e:
+            res.error = f"{type(e).__name__}: {e}"[:MAX_ERROR_CHARS]
+            return res
+        res.latency_s = time.monotonic() - res.start
+        meta = out.get("meta_info") or {}
+        finish = meta.get("finish_reason")
+        res.finish_reason = finish.get("type") if isinstance(finish, dict) else finish
+        res.content = out.get("text") or ""
+        if "prompt_tokens" in meta:
+            res.usage_reported = True
+            res.prompt_tokens = int(meta.get("prompt_tokens") or 0)
+            res.completion_tokens = int(meta.get("completion_tokens") or len(out.get("output_ids") or ()))
+            res.cached_tokens = int(meta.get("cached_tokens") or 0)
+        res.ok = True
+        return res

@@ -15,6 +15,7 @@ from pydantic import Field, field_validator, model_validator
 from ..stage_options import Cli, StageOptions
 from .launcher import DEFAULT_READY_TIMEOUT_S
 from .profiles import DEFAULT_PORT, PROFILES, parse_extra_args
+from .replay import ReplayConfig
 from .report import QualityConfig
 from .workload import LoadConfig
 
@@ -42,6 +43,8 @@ class ServeCheckOptions(StageOptions):
     quick: bool = Field(False, description="small load and quality sets (the demo preset, ~1-2 min on CPU)")
     load: Annotated[LoadConfig | None, Cli(hidden=True)] = Field(
         None, description="the closed-loop load sweep; None: no sweep")
+    replay: Annotated[ReplayConfig | None, Cli(hidden=True)] = Field(
+        None, description="replay recorded traffic (serve_check/replay.py) as the load; None: no replay")
     quality: Annotated[QualityConfig, Cli(hidden=True)] = Field(
         default_factory=QualityConfig, description="which quality smoke tests run, and the gates")
 

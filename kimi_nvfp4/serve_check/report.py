@@ -26,6 +26,7 @@ from .loadgen import LoadSweep
 from .quality.agreement import AgreementReport
 from .quality.humaneval import HumanEvalReport
 from .quality.tool_calls import ToolCallReport
+from .replay import ReplayReport
 
 REPORT_STEM = "serve_check"
 
@@ -38,13 +39,13 @@ class CheckKind(str, Enum):
     OPERATIONAL = "operational"  # the server keeps serving; nothing is compared
 
 
-CHECK_LABELS = {"load": "load sweep", "humaneval": "HumanEval", "tool_calls": "tool calls",
-                "agreement": "emulator agreement"}
+CHECK_LABELS = {"load": "load sweep", "replay": "traffic replay", "humaneval": "HumanEval",
+                "tool_calls": "tool calls", "agreement": "emulator agreement"}
 
 
 def check_kind(check: str, reference_emulator: bool) -> tuple[CheckKind, str]:
     """(kind, what the check is compared with) for a check name of CHECK_LABELS."""
-    if check == "load":
+    if check in ("load", "replay"):
         return CheckKind.OPERATIONAL, "nothing: every request must succeed"
     if check == "humaneval":
         return CheckKind.INDEPENDENT, "HumanEval's unit tests"
@@ -161,6 +162,8 @@ class ServeCheckReport(BaseModel):
     load: LoadSweep | None = None
     compare_target: TargetInfo | None = None
     compare: LoadSweep | None = None
+    replay: ReplayReport | None = None
+    compare_replay: ReplayReport | None = None
     quality: QualityReport
     checks: list[CheckResult] = Field(default_factory=list)
     gates: list[GateResult]
@@ -179,15 +182,15 @@ def _gate(name: str, value: float | None, threshold: float | None, comparison: s
                       kind=kind)
 
 
-def requested_checks(load: LoadSweep | None, cfg: QualityConfig) -> list[str]:
-    wanted = {"load": load is not None, "humaneval": cfg.humaneval, "tool_calls": cfg.tool_calls,
-              "agreement": cfg.agreement}
+def requested_checks(load: LoadSweep | None, cfg: QualityConfig, replay: ReplayReport | None = None) -> list[str]:
+    wanted = {"load": load is not None, "replay": replay is not None, "humaneval": cfg.humaneval,
+              "tool_calls": cfg.tool_calls, "agreement": cfg.agreement}
     return [name for name, on in wanted.items() if on]
 
 
 def _crash(quality: QualityReport, check: str) -> str | None:
     """Why a requested check has no result (None when it has one)."""
-    if check == "load":
+    if check in ("load", "replay"):
         return None
     if check in quality.errors:
         return quality.errors[check]
@@ -195,9 +198,9 @@ def _crash(quality: QualityReport, check: str) -> str | None:
 
 
 def summarise_checks(load: LoadSweep | None, quality: QualityReport, cfg: QualityConfig,
-                     reference_emulator: bool = False) -> list[CheckResult]:
+                     reference_emulator: bool = False, replay: ReplayReport | None = None) -> list[CheckResult]:
     out = []
-    for check in requested_checks(load, cfg):
+    for check in requested_checks(load, cfg, replay):
         kind, compared_with = check_kind(check, reference_emulator)
         error = _crash(quality, check)
         out.append(CheckResult(name=CHECK_LABELS[check], kind=kind, compared_with=compared_with, ran=error is None,
@@ -206,10 +209,11 @@ def summarise_checks(load: LoadSweep | None, quality: QualityReport, cfg: Qualit
 
 
 def evaluate_gates(gates: Gates, load: LoadSweep | None, quality: QualityReport,
-                   cfg: QualityConfig, reference_emulator: bool = False) -> list[GateResult]:
+                   cfg: QualityConfig, reference_emulator: bool = False,
+                   replay: ReplayReport | None = None) -> list[GateResult]:
     """The gates of every requested check; a check that crashed is one failed gate, gated or not."""
     out: list[GateResult | None] = []
-    for check in requested_checks(load, cfg):
+    for check in requested_checks(load, cfg, replay):
         kind, _ = check_kind(check, reference_emulator)
         error = _crash(quality, check)
         if error is not None:
@@ -221,6 +225,11 @@ def evaluate_gates(gates: Gates, load: LoadSweep | None, quality: QualityReport,
             errors = sum(p.errors for p in load.points)
             rate = errors / requests if requests else 1.0
             out.append(_gate("load error rate", rate, gates.max_load_error_rate, "<=", check, kind))
+        elif check == "replay":  # a request the replay never sent (timed out) is a failed one
+            sent = len(replay.requests)
+            failed = sum(1 for r in replay.requests if not r.ok)
+            out.append(_gate("replay error rate", failed / sent if sent else 1.0, gates.max_load_error_rate, "<=",
+                             check, kind))
         elif check == "humaneval":
             out.append(_gate("HumanEval pass@1", quality.humaneval.pass_at_1, gates.min_humaneval_pass_at_1, ">=",
                              check, kind))
@@ -270,6 +279,27 @@ def _sweep_table(sweep: LoadSweep) -> list[str]:
     return lines
 
 
+def _replay_table(r: ReplayReport) -> list[str]:
+    p = r.point
+    lines = [
+        f"Recorded traffic `{r.data}`: {r.recorded_requests} requests over {r.recorded_span_s:,.0f} s, replayed at "
+        f"{r.speed:g}x ({r.scheduled_span_s:,.1f} s scheduled) with at most {r.concurrency} in flight"
+        + (f"; {r.skipped_too_long} longer than the server's context, not sent" if r.skipped_too_long else "")
+        + ("; **timed out**" if r.timed_out else "") + ".",
+        "",
+        "| sent | errors | latency p50 (s) | latency p99 (s) | recorded p50 (s) | late p99 (s) | TTFT p50 (s) | "
+        "tok/min/GPU | cache hit | mean prompt |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {r.replayed} | {p.errors} | {_fmt(r.latency_p50_s)} | {_fmt(r.latency_p99_s)} | "
+        f"{_fmt(r.recorded_latency_p50_s)} | {_fmt(r.lateness_p99_s)} | {_fmt(p.ttft_p50_s)} | "
+        f"{p.throughput_tok_min_gpu:,.0f} | {'–' if p.cache_hit_rate is None else f'{p.cache_hit_rate:.1%}'} | "
+        f"{p.mean_prompt_tokens:,.0f} |",
+    ]
+    if p.error_samples:
+        lines += ["", "Errors (samples):", *[f"- `{e}`" for e in p.error_samples]]
+    return lines
+
+
 def render_markdown(r: ServeCheckReport, chart_name: str | None) -> str:
     t = r.target
     lines = [
@@ -302,6 +332,9 @@ def render_markdown(r: ServeCheckReport, chart_name: str | None) -> str:
         lines += ["", f"## Load: {r.load.label}", "", *_sweep_table(r.load)]
     if r.compare is not None:
         lines += ["", f"## Comparison: {r.compare.label}", "", *_sweep_table(r.compare)]
+    for title, replayed in (("Replay", r.replay), ("Replay, comparison", r.compare_replay)):
+        if replayed is not None:
+            lines += ["", f"## {title}: {replayed.label}", "", *_replay_table(replayed)]
     if chart_name:
         lines += ["", f"![throughput per GPU against interactivity]({chart_name})"]
     q = r.quality

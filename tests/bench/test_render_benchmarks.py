@@ -313,3 +313,14 @@ def test_gptq_levers_renderer_shows_layer_errors_and_multiples_of_gptq():
     text = REGISTRY["gptq_levers"](_context("levers", data))
     assert "| `gptq, damping x10` | 0.550 | 1.000 | 1.000 | 1.000 | 0.0100 (0.0100–0.0100) | 1.25x |" in text
     assert "other calibration tokens (seed 1)" in text
+
+
+def test_traffic_window_renderer_prints_each_recorded_path_and_skips_absent_ones():
+    mode = {"requests_per_s": 12345.6, "peak_rss_over_imports_mib": 42.0, "peak_rss_mib": 300.5}
+    data = {"device": "cpu (2 cores)", "command": "python bench/bench_traffic_import.py --window",
+            "settings": {"requests": 20000}, "folder": {"mib": 12.3}, "read_streaming": mode,
+            "read_all": {**mode, "peak_rss_over_imports_mib": 400.0}, "window_streaming": mode}
+    out = REGISTRY["traffic_window_memory"](_context("traffic_window_memory", data))
+    assert "| 20 000 | 12.3 | read + group + window + pick, bounded" in out
+    assert "400.0" in out and "12.3k" in out
+    assert "in memory (data/windows.py)" not in out  # the file has no in-memory run

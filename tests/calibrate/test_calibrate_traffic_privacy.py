@@ -23,7 +23,9 @@ def _traffic(folder: Path, tokenizer, n: int = 12) -> list[list[int]]:
     sp = tokenizer.special_ids
     prompts = []
     for i in range(n):
-        ids = [sp["<|im_user|>"], *tokenizer.encode(f"{CANARY} number {i}", allow_special=False), sp["<|im_end|>"]]
+        # longer than the 32-token windows asked for: a shorter request gives no full window (data/window_pick.py)
+        text = f"{CANARY} number {i}; {CANARY} again, {CANARY} once more"
+        ids = [sp["<|im_user|>"], *tokenizer.encode(text, allow_special=False), sp["<|im_end|>"]]
         prompts.append(ids)
     write_dump(folder / "2026-01-01_12-00-00.pkl", [entry(p, p[:5], t=i) for i, p in enumerate(prompts)])
     return prompts

@@ -18,8 +18,8 @@ ENTRY_FIELDS = 4  # (GenerateReqInput, out_dict, created_time, finished_time)
 def _entry(where: str, entry: object):
     if not isinstance(entry, (tuple, list)) or len(entry) != ENTRY_FIELDS:
         raise ValueError("not a (request, output, created, finished) entry")
-    obj, out, created, _finished = entry
-    return request_from_entry(where, obj, out, created)
+    obj, out, created, finished = entry
+    return request_from_entry(where, obj, out, created, finished)
 
 
 def iter_dump(folder: str | Path, result: LoadResult):
