@@ -158,3 +158,14 @@ def test_rule_candidates_are_the_rounded_targets_and_their_neighbours():
     expected_5 = [e4m3(1.25 / 6 * 256) + o for o in (0, 1)] + [e4m3(1.25 / 4 * 256) + o for o in (-1, 0, 1)]
     expected_5 += [e4m3(0.25 * 256) + o for o in (-1, 0)]  # |code| <= 6: s_group, not 2 * s_group
     assert bits[:, 0].tolist() == expected_7 and bits[:, 1].tolist() == expected_5
+
+
+def test_the_docs_list_the_registered_methods_from_the_registry():
+    """docs/numerics.md's method table is the registry's rendering (`python -m kimi_nvfp4.numerics.methods.docs
+    docs/numerics.md` rewrites it), never a hand-kept copy."""
+    from kimi_nvfp4.numerics.methods.docs import generated_block
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "numerics.md").read_text()
+    assert generated_block() in page
+    for spec in METHODS.entries():
+        assert f"| `{spec.name}` |" in generated_block()
