@@ -10,7 +10,7 @@ misspelt key is an error that names it). One field is one option everywhere:
 - `@cli_options(Model)` adds those click options to a command and hands it one validated `options` model;
 - `Model.build(options, overrides, "fn")` lets a stage function take either an options model or the same
   options as keywords (`convert_checkpoint(src, out, workers=4)`);
-- the pipeline's `[stage]` sections are the same models plus the pipeline's own keys (pipeline/stages/).
+- the pipeline's `[stage]` sections are the same models plus the pipeline's own keys (`<stage>/stage.py`).
 
 Inputs (folders, `--data`, report folders) and presentation (`--json`, `--no-progress`) are not options: they stay
 arguments of the function and the command.

@@ -128,7 +128,8 @@ def test_method_options_from_the_cli_are_typed_by_the_method(tmp_path):
     from kimi_nvfp4.requantize.options import RequantizeOptions
     from kimi_nvfp4.stage_options import options_from_cli
 
-    opts = options_from_cli(RequantizeOptions, {"method": "gptq", "method_options": ("damping=0.02", "block-columns=64")})
+    pairs = ("damping=0.02", "block-columns=64")
+    opts = options_from_cli(RequantizeOptions, {"method": "gptq", "method_options": pairs})
     assert opts.method_options == {"damping": 0.02, "block_columns": 64}  # the keys given, typed
     config = opts.method_config()
     assert (config.damping, config.block_columns, config.damping_retries) == (0.02, 64, 4)  # over the defaults

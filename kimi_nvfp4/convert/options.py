@@ -79,4 +79,5 @@ class ConvertOptions(StageOptions):
         """The settings the manifest records for this conversion (`ConversionSettings`); the method's options where
         it has any (no weight-only method has yet, so records stay those of earlier versions)."""
         options = self.method_config().model_dump(mode="json")
-        return {**self.model_dump(mode="json", include=set(self.RECORDED)), **({"method_options": options} if options else {})}
+        recorded = self.model_dump(mode="json", include=set(self.RECORDED))
+        return {**recorded, "method_options": options} if options else recorded

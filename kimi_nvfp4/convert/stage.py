@@ -6,7 +6,14 @@ from pathlib import Path
 from typing import Any
 
 from ..checkpoint.manifest import SourceRecord
-from ..stage_kit.pipeline_stage import StageContext, StageOutcome, key_values, load_manifest_or_none, scalar_fields, section_options
+from ..stage_kit.pipeline_stage import (
+    StageContext,
+    StageOutcome,
+    key_values,
+    load_manifest_or_none,
+    scalar_fields,
+    section_options,
+)
 from .api import convert_checkpoint
 from .options import ConvertOptions
 

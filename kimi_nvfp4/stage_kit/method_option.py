@@ -46,7 +46,8 @@ def method_options_field(methods: Iterable[str]) -> Any:
     for name in methods:
         model = METHODS.get(name).options_model
         if model.model_fields:
-            listed.append(f"{name}: " + ", ".join(f"{key}={field.default}" for key, field in model.model_fields.items()))
+            defaults = ", ".join(f"{key}={field.default}" for key, field in model.model_fields.items())
+            listed.append(f"{name}: {defaults}")
     what = "; ".join(listed) if listed else "these methods take none"
     return Field(default_factory=dict, description=f"An option of the method, KEY=VALUE (repeatable; pipeline.toml: "
                                                    f"a method_options table). Options and defaults: {what}.")
