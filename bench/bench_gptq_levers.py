@@ -9,8 +9,8 @@ the Hessian's noise is the obvious suspect. Three levers on it, each against `gp
   the estimate assumes independent tokens, and tokens of one sequence are not);
 - `calibration x4`: the statistics and input scales from 4x the calibration sequences (`--samples` x 4).
 
-The first two are applied by patching the two functions for the duration of the requantize call (bench only; the
-shipped method is unchanged). Measured: the layer-local errors summed over experts with dense statistics, as a
+The first two are gptq's options (`--method-option damping=0.1`, `shrinkage_scale=4`: `GptqOptions`, recorded in
+the requantize stage's manifest record); the shipped defaults are unchanged. Measured: the layer-local errors summed over experts with dense statistics, as a
 multiple of int4-aware's, under statistics of other calibration-part tokens (seed `--other-seed`,
 bench_w4a4_layer_error.py's `_errors`), and validate's KL / top-1 on the held-out draws (`--seeds`).
 
@@ -20,7 +20,6 @@ bench_w4a4_layer_error.py's `_errors`), and validate's KL / top-1 on the held-ou
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import shutil
 import sys
@@ -42,28 +41,12 @@ CALIBRATION_FACTOR = 4
 METRICS = ("kl_mean", "kl_p99", "top1")
 
 
-@contextlib.contextmanager
-def _damping(factor: float):
-    from kimi_nvfp4.numerics.methods.output_aware import gptq_solver
+def lever_options() -> dict[str, dict]:
+    """gptq's `method_options` for the two statistics levers (`GptqOptions`; the defaults are the shipped method)."""
+    from kimi_nvfp4.numerics.methods.output_aware.gptq_solver import HESSIAN_DAMPING
 
-    original = gptq_solver.inverse_hessian_factor.__defaults__
-    gptq_solver.inverse_hessian_factor.__defaults__ = (gptq_solver.HESSIAN_DAMPING * factor,)
-    try:
-        yield
-    finally:
-        gptq_solver.inverse_hessian_factor.__defaults__ = original
-
-
-@contextlib.contextmanager
-def _shrinkage(factor: float):
-    from kimi_nvfp4.numerics.methods.output_aware.input_stats import ExpertInputStats
-
-    original = ExpertInputStats.hessian_shrinkage
-    ExpertInputStats.hessian_shrinkage = lambda self: min(1.0, factor * original(self))
-    try:
-        yield
-    finally:
-        ExpertInputStats.hessian_shrinkage = original
+    return {"damping": {"damping": HESSIAN_DAMPING * DAMPING_FACTOR},
+            "shrinkage": {"shrinkage_scale": SHRINKAGE_FACTOR}}
 
 
 def _calibrated(work: Path, name: str, data: str, calibration: dict, expert_stats: str, **extra) -> Path:
@@ -78,15 +61,15 @@ def _calibrated(work: Path, name: str, data: str, calibration: dict, expert_stat
     return out
 
 
-def _requantized(work: Path, name: str, base: Path, patch) -> Path:
+def _requantized(work: Path, name: str, base: Path, method_options: dict | None = None) -> Path:
     from kimi_nvfp4.demo_model import DEMO_CHECKPOINT
     from kimi_nvfp4.requantize import requantize_checkpoint
 
     out = work / name
     shutil.rmtree(out, ignore_errors=True)
     shutil.copytree(base, out)
-    with patch:
-        requantize_checkpoint(out, DEMO_CHECKPOINT, method="gptq", device="cpu", progress=False)
+    requantize_checkpoint(out, DEMO_CHECKPOINT, method="gptq", method_options=method_options or {}, device="cpu",
+                          progress=False)
     return out
 
 
@@ -118,15 +101,15 @@ def main() -> None:
                 {**calibration, "samples": args.samples * CALIBRATION_FACTOR}, "hessian")
     other = timed("other statistics", _calibrated, work, "int4-aware+w4a4+other", args.data, calibration, "w4a4",
                   seed=args.other_seed)
+    levers = lever_options()
     checkpoints = {
         "int4-aware": base,  # its expert tensors are the conversion's: calibrate changes input scales only
-        "gptq": timed("gptq", _requantized, work, "gptq", base, contextlib.nullcontext()),
+        "gptq": timed("gptq", _requantized, work, "gptq", base),
         f"gptq, damping x{DAMPING_FACTOR:g}": timed("damping", _requantized, work, "gptq-damping", base,
-                                                   _damping(DAMPING_FACTOR)),
+                                                   levers["damping"]),
         f"gptq, shrinkage x{SHRINKAGE_FACTOR:g}": timed("shrinkage", _requantized, work, "gptq-shrinkage", base,
-                                                       _shrinkage(SHRINKAGE_FACTOR)),
-        f"gptq, calibration x{CALIBRATION_FACTOR}": timed("gptq x4", _requantized, work, "gptq-calibration-x4", big,
-                                                        contextlib.nullcontext()),
+                                                       levers["shrinkage"]),
+        f"gptq, calibration x{CALIBRATION_FACTOR}": timed("gptq x4", _requantized, work, "gptq-calibration-x4", big),
     }
     totals = _errors(other, checkpoints)
     layer_error = {}
@@ -148,7 +131,8 @@ def main() -> None:
     args.json.write_text(json.dumps({
         **demo_cpu_header("bench/bench_gptq_levers.py", args),
         "settings": {**draw_settings(args), "other_seed": args.other_seed, "damping_factor": DAMPING_FACTOR,
-                     "shrinkage_factor": SHRINKAGE_FACTOR, "calibration_factor": CALIBRATION_FACTOR},
+                     "shrinkage_factor": SHRINKAGE_FACTOR, "calibration_factor": CALIBRATION_FACTOR,
+                     "method_options": levers},
         "prepare_seconds": seconds, "rows": rows, "summary": summary,
         "total_seconds": time.perf_counter() - started,
     }, indent=2))

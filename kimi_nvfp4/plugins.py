@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -62,12 +62,17 @@ P = TypeVar("P", bound=Plugin)
 
 class Registry(Generic[P]):
     """The entries of one kind (`kind`: "scale method", "engine", "data source"), discovered from `catalog`, a
-    package whose every module defines `PLUGIN` or `PLUGINS`. Entries may also be added with `register`."""
+    package whose every module defines `PLUGIN` or `PLUGINS`. Entries may also be added with `register`.
 
-    def __init__(self, kind: str, entry_type: type[P], catalog: str | None = None):
+    `order`: a sort key for `names()`/`entries()` (the order of choices in `--help` and the docs); default the
+    order of registration (catalog modules by name)."""
+
+    def __init__(self, kind: str, entry_type: type[P], catalog: str | None = None, *,
+                 order: Callable[[P], Any] | None = None):
         self.kind = kind
         self.entry_type = entry_type
         self.catalog = catalog
+        self.order = order
         self._entries: dict[str, P] = {}
         self._aliases: dict[str, str] = {}
         self._discovered = catalog is None
@@ -113,12 +118,12 @@ class Registry(Generic[P]):
         return isinstance(name, str) and _normal(name) in self._aliases
 
     def names(self) -> list[str]:
-        self._discover()
-        return list(self._entries)
+        return [entry.name for entry in self.entries()]
 
     def entries(self) -> list[P]:
         self._discover()
-        return list(self._entries.values())
+        entries = list(self._entries.values())
+        return sorted(entries, key=self.order) if self.order is not None else entries
 
     def help_text(self) -> str:
         """`name: description` per entry, for a click option's help and the generated docs."""

@@ -10,7 +10,7 @@ misspelt key is an error that names it). One field is one option everywhere:
 - `@cli_options(Model)` adds those click options to a command and hands it one validated `options` model;
 - `Model.build(options, overrides, "fn")` lets a stage function take either an options model or the same
   options as keywords (`convert_checkpoint(src, out, workers=4)`);
-- the pipeline's `[stage]` sections are the same models plus the pipeline's own keys (pipeline/stages/).
+- the pipeline's `[stage]` sections are the same models plus the pipeline's own keys (`<stage>/stage.py`).
 
 Inputs (folders, `--data`, report folders) and presentation (`--json`, `--no-progress`) are not options: they stay
 arguments of the function and the command.
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import enum
 import functools
-import sys
 import types
 import typing
 from pathlib import Path
@@ -40,18 +39,21 @@ class Cli:
 
     `Cli("--kv-cache")` renames the flag, `Cli("--stats/--no-stats")` names a switch's two halves; `choices`
     replaces the type's values in the click choice (e.g. "none" for None), `click_type` the whole click type
-    (e.g. `click.Path(exists=True)`); `hidden=True` keeps the field off the command line (pipeline.toml and the
-    Python API only).
+    (e.g. `click.Path(exists=True)`); `multiple=True` makes a repeatable option of strings whatever the field's
+    type (its validator parses the list, e.g. `--method-option KEY=VALUE`); `hidden=True` keeps the field off the
+    command line (pipeline.toml and the Python API only).
     """
 
     def __init__(self, *decls: str, choices: tuple[str, ...] | None = None, click_type: Any = None,
-                 show_default: bool | None = None, metavar: str | None = None, hidden: bool = False):
+                 show_default: bool | None = None, metavar: str | None = None, hidden: bool = False,
+                 multiple: bool = False):
         self.decls = decls
         self.choices = choices
         self.click_type = click_type
         self.show_default = show_default
         self.metavar = metavar
         self.hidden = hidden
+        self.multiple = multiple
 
 
 class StageOptions(BaseModel):
@@ -77,12 +79,6 @@ class StageOptions(BaseModel):
             return options
         chosen = {key: getattr(options, key) for key in options.model_fields_set}
         return cls.model_validate({**chosen, **overrides})
-
-
-def device_name(value: Any) -> Any:
-    """A torch.device given to a Python API, as the name the command line uses ("cuda:1"); else `value`."""
-    torch = sys.modules.get("torch")  # no torch loaded: the value cannot be a torch.device
-    return str(value) if torch is not None and isinstance(value, torch.device) else value
 
 
 def _cli_marker(field: FieldInfo) -> Cli:
@@ -139,7 +135,10 @@ def _click_option(model: type[StageOptions], name: str, field: FieldInfo) -> Cal
         attrs.update(is_flag=True, default=bool(default), show_default=bool(default) if marker.show_default is None
                      else marker.show_default)
         return click.option(*decls, name, **attrs)
-    if typing.get_origin(annotation) in (list, tuple) and marker.click_type is None:
+    if marker.multiple:
+        attrs.update(multiple=True, type=marker.click_type or str)
+        default = ()
+    elif typing.get_origin(annotation) in (list, tuple) and marker.click_type is None:
         item = typing.get_args(annotation)[0]
         attrs.update(multiple=True, type=_click_type(owner, item, field, marker))
         default = tuple(_plain(v) for v in default or ())

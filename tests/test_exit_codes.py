@@ -28,8 +28,9 @@ from kimi_nvfp4.serve_check.launcher import ServerLaunchError
 # generate_agent_sessions`): imported here, before any test patches, so that no patch outlives its test inside them
 # (a first import during the `data` case kept the injected bug in `data.loaders`, and a later `demo` in the same
 # process failed in calibrate).
-for _name in ("kimi_nvfp4.data.loaders", "kimi_nvfp4.pipeline.stages"):
+for _name in ("kimi_nvfp4.data.loaders", "kimi_nvfp4.registry"):
     importlib.import_module(_name)
+importlib.import_module("kimi_nvfp4.registry").pipeline_stages()  # every stage adapter module
 
 
 class InjectedBug(RuntimeError):
@@ -55,8 +56,8 @@ INJECTION_POINTS = {
     "serve-reference": ("kimi_nvfp4.serve_check.engine.EmulatorEngine", ["{d}"]),
     "publish": ("kimi_nvfp4.publish.api.publish_checkpoint", ["{d}", "me/model"]),
     # run and demo: the bug is inside a stage (convert), which the pipeline reports with the same code
-    "run": ("kimi_nvfp4.pipeline.stages.convert.convert_checkpoint", ["{d}/src", "{d}/out"]),
-    "demo": ("kimi_nvfp4.pipeline.stages.convert.convert_checkpoint", ["{d}/demo"]),
+    "run": ("kimi_nvfp4.convert.stage.convert_checkpoint", ["{d}/src", "{d}/out"]),
+    "demo": ("kimi_nvfp4.convert.stage.convert_checkpoint", ["{d}/demo"]),
     "build-demo-model": ("kimi_nvfp4.demo_model.build.build_demo_model", ["{d}/demo_model"]),
     "data": ("kimi_nvfp4.data.agent_sessions.generate_agent_sessions", ["sessions", "--out", "{d}/s.jsonl"]),
     "check-engine": ("kimi_nvfp4.engine_check.cli.check_engine", ["{d}", "--device", "meta"]),

@@ -60,3 +60,12 @@ def test_option_pairs_need_key_and_value():
     with pytest.raises(PluginError, match="expected KEY=VALUE"):
         parse_option_pairs(["damping"])
     assert parse_option_pairs(["a=1=2"]) == {"a": "1=2"}
+
+
+def test_an_order_key_sorts_names_entries_and_help():
+    reg: Registry[Plugin] = Registry("widget", Plugin, order=lambda e: (e.name != "zeta", e.name))
+    for name in ("beta", "zeta", "alpha"):
+        reg.register(Plugin(name, name.upper()))
+    assert reg.names() == ["zeta", "alpha", "beta"]
+    assert [e.name for e in reg.entries()] == ["zeta", "alpha", "beta"]
+    assert reg.help_text() == "zeta: ZETA; alpha: ALPHA; beta: BETA"

@@ -33,7 +33,7 @@ import torch
 from ..model.layer_weights import LayerWeights
 from ..model.linear import Linear
 from ..model.moe import shared_input_quantizer
-from ..numerics.methods import InputStatsAccumulator
+from ..numerics.methods import InputStatsAccumulator, StatisticsNeed, method_spec
 
 GATE_UP, DOWN = "gate_up", "down"
 # gate_proj and up_proj read the same rows: the statistics are taken once, at gate_proj
@@ -60,6 +60,25 @@ class ExpertStatsMode(str, Enum):
     def quantized(self) -> bool:
         """Statistics of the quantized inputs, taken in the W4A4 pass (after the layer's scales are chosen)."""
         return self is ExpertStatsMode.W4A4
+
+
+# The `--expert-stats` each kind of statistics a scale method needs is served by: a dense Hessian also carries the
+# diagonal.
+STATS_MODES_FOR = {
+    StatisticsNeed.DIAGONAL: (ExpertStatsMode.DIAG, ExpertStatsMode.HESSIAN),
+    StatisticsNeed.HESSIAN: (ExpertStatsMode.HESSIAN,),
+    # the served inputs' moments come from calibrate's W4A4 pass; the other methods' statistics are the W4A16
+    # observe pass's, so neither kind stands in for the other
+    StatisticsNeed.W4A4_HESSIAN: (ExpertStatsMode.W4A4,),
+}
+
+
+def expert_stats_mode_for(method: str) -> ExpertStatsMode:
+    """What calibrate must record for the output-aware scale method `method` (the least that suffices)."""
+    need = method_spec(str(getattr(method, "value", method))).statistics
+    if need is StatisticsNeed.NONE:
+        raise ValueError(f"scale method {method!r} needs no calibration statistics: convert runs it")
+    return STATS_MODES_FOR[need][0]
 
 
 def _sum_dtype(device: torch.device) -> torch.dtype:

@@ -10,7 +10,8 @@ from pydantic import Field, field_validator
 
 from ..stage_kit.memory_plan import gpu_memory_field, parse_size_option
 from ..stage_kit.resume import resume_every_field, resume_max_overhead_field
-from ..stage_options import Cli, StageOptions, device_name
+from ..stage_kit.device_type import Device, OptionalDevice
+from ..stage_options import Cli, StageOptions
 from .expert_stats import ExpertStatsMode
 from .policy import DEFAULT_EXPERT_POLICY, DEFAULT_MIN_EXPERT_TOKENS, ExpertPolicy
 
@@ -34,13 +35,13 @@ class CalibrateOptions(StageOptions):
     generated_sessions: Annotated[int | None, Cli("--sessions")] = Field(
         None, ge=1, description="Sessions to generate for builtin/tree: data (default: enough for --samples; "
                                 "~0.3 s each).")
-    device: str = Field("auto", description="auto, cpu, cuda or cuda:N.")
+    device: Device = Field("auto", description="auto, cpu, cuda or cuda:N.")
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="Compute dtype of the reference model. auto: bfloat16 on CUDA (what SGLang serves: bf16 "
                             "hidden states and matmuls), float32 on CPU.")
     max_chunk_tokens: int | None = Field(None, ge=1, description="Tokens per MLP/MoE chunk (default: the memory plan "
                                                                  "decides; results do not depend on it).")
-    states_device: str | None = Field(
+    states_device: OptionalDevice = Field(
         None, description="Keep hidden states here (e.g. cpu) when they do not fit the GPU (default: the memory "
                           "plan decides).")
     gpu_memory: Annotated[int | None, Cli(click_type=click.STRING, metavar="SIZE")] = gpu_memory_field()
@@ -55,11 +56,6 @@ class CalibrateOptions(StageOptions):
 
     # What decides the scales (with the data spec): `dtype` is left out, the manifest records the resolved one.
     RECORDED: ClassVar[tuple[str, ...]] = ("samples", "seq_len", "seed", "min_expert_tokens", "policy")
-
-    @field_validator("device", "states_device", mode="before")
-    @classmethod
-    def _device_name(cls, value: Any) -> Any:
-        return device_name(value)
 
     @field_validator("gpu_memory", mode="before")
     @classmethod

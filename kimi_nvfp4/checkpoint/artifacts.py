@@ -12,7 +12,7 @@ from pathlib import PurePath
 
 # Files written by convert, calibrate, validate, the pipeline and publish (kimi_nvfp4_manifest.json: manifest.py;
 # model-input-scales.safetensors: calibrate/shard.py; reports: calibrate/report.py, validate/report.py,
-# serve_check/report.py, pipeline/summary.py, pipeline/stages.py's card preview).
+# serve_check/report.py, pipeline/summary.py, publish/stage.py's card preview).
 OWN_FILE_NAMES = frozenset({
     "kimi_nvfp4_manifest.json",
     "model-input-scales.safetensors",

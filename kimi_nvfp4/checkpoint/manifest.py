@@ -45,11 +45,14 @@ class ConversionSettings(_Strict):
     # `convert --shared-experts` and its block-scale rule (added later: an older manifest means bf16)
     shared_experts: str = "bf16"
     shared_expert_scales: str = "amax"
+    # the scale method's typed options where it has any (`convert --method-option`; none of the weight-only methods
+    # takes any yet, so this is empty and left out of the digest)
+    method_options: dict[str, Any] = Field(default_factory=dict)
 
 
 # Settings added after manifests were first written: left out of the digest at these values, so shards an older
 # version converted (with what these defaults describe) are still reused by a resume.
-_DIGEST_OMITS_AT = {"shared_experts": "bf16", "shared_expert_scales": "amax"}
+_DIGEST_OMITS_AT = {"shared_experts": "bf16", "shared_expert_scales": "amax", "method_options": {}}
 
 
 class ShardRecord(_Strict):

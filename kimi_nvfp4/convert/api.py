@@ -183,6 +183,7 @@ def convert_checkpoint(
             method=method.value, kv_cache_quant_algo=kv_cache_quant_algo, shared_experts=opts.shared_experts.value,
             # the rule changes no byte while the shared experts stay BF16
             shared_expert_scales=(opts.shared_expert_scales if quantize_shared else Bf16ScaleRule.AMAX).value,
+            method_options=opts.method_config().model_dump(mode="json"),
         ),
     )
     start = time.perf_counter()

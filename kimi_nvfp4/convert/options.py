@@ -5,23 +5,27 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, field_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator
 
 from ..numerics.bf16_source import Bf16ScaleRule
 from ..numerics.methods import DEFAULT_METHOD, ScaleMethod, weight_only_methods
+from ..stage_kit.device_type import Device
+from ..stage_kit.method_option import MethodOptions, checked_method_options, method_options_field, typed_method_options
 from ..stage_options import Cli, StageOptions
 from .shared_experts import SharedExperts
 
-DEVICES = ("auto", "cpu", "cuda")
 # "none": declare no KV-cache quantization (recorded as null in the manifest and left out of hf_quant_config).
 KV_CACHE_CHOICES = ("FP8", "none")
 
 
 class ConvertOptions(StageOptions):
-    method: Annotated[ScaleMethod, Cli(choices=tuple(m.value for m in weight_only_methods()))] = Field(DEFAULT_METHOD, description="How NVFP4 scales are chosen for each INT4 expert matrix.")
-    # A str, not a Literal: another device is refused by `resolve_device` as a DeviceError (exit 5).
-    device: Annotated[str, Cli(choices=DEVICES)] = Field(
-        "auto", description="Where experts are quantized; CPU and CUDA write identical bytes.")
+    method: Annotated[ScaleMethod, Cli(choices=tuple(m.value for m in weight_only_methods()))] = Field(
+        DEFAULT_METHOD, description="How NVFP4 scales are chosen for each INT4 expert matrix (the weight-only "
+                                    "methods of the registry, docs/numerics.md).")
+    method_options: MethodOptions = method_options_field(m.value for m in weight_only_methods())
+    device: Device = Field(
+        "auto", description="Where experts are quantized (auto, cpu, cuda or cuda:N); CPU and CUDA write identical "
+                            "bytes.")
     workers: int = Field(1, ge=1, description="Shards converted in parallel (memory: about two shards per worker).")
     kv_cache_quant_algo: Annotated[Literal["FP8"] | None, Cli("--kv-cache", choices=KV_CACHE_CHOICES)] = Field(
         "FP8", description="KV-cache format declared in the quant config (NVIDIA ships K2.6 with FP8).")
@@ -56,11 +60,24 @@ class ConvertOptions(StageOptions):
                              f"{value.value} needs calibration statistics")
         return value
 
+    @field_validator("method_options")
+    @classmethod
+    def _typed_method_options(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        method = info.data.get("method")
+        return value if method is None else checked_method_options(method, value)
+
+    def method_config(self) -> BaseModel:
+        """The method's whole typed options (`method_options` over its defaults)."""
+        return typed_method_options(self.method, self.method_options)
+
     @field_validator("kv_cache_quant_algo", mode="before")
     @classmethod
     def _none_means_no_kv_quantization(cls, value: Any) -> Any:
         return None if isinstance(value, str) and value.lower() == "none" else value
 
     def recorded(self) -> dict[str, Any]:
-        """The settings the manifest records for this conversion (`ConversionSettings`)."""
-        return self.model_dump(mode="json", include=set(self.RECORDED))
+        """The settings the manifest records for this conversion (`ConversionSettings`); the method's options where
+        it has any (no weight-only method has yet, so records stay those of earlier versions)."""
+        options = self.method_config().model_dump(mode="json")
+        recorded = self.model_dump(mode="json", include=set(self.RECORDED))
+        return {**recorded, "method_options": options} if options else recorded

@@ -14,11 +14,12 @@ _EXPORTS = {
     "load_pipeline_config": "config",
     "pipeline_config_from_dict": "config",
     "run_demo": "demo",
+    "build_stages": "runner",
     "run_pipeline": "runner",
     "run_stages": "runner",
-    "Stage": "stage",
-    "StageContext": "stage",
-    "StageOutcome": "stage",
+    "Stage": "..stage_kit.pipeline_stage",
+    "StageContext": "..stage_kit.pipeline_stage",
+    "StageOutcome": "..stage_kit.pipeline_stage",
     "PipelineSummary": "summary",
     "StageResult": "summary",
     "StageStatus": "summary",
@@ -30,4 +31,5 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name: str) -> Any:
     if name not in _EXPORTS:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    module = _EXPORTS[name]
+    return getattr(importlib.import_module(module if module.startswith(".") else f".{module}", __name__), name)

@@ -19,7 +19,13 @@ from the stage code; unknown keys are errors that name the key (exit 2). Example
     enabled = true
     repo_id = "me/Kimi-K2.6-NVFP4"
 
-The sections come from the stage adapters the registry lists (pipeline/stages/, kimi_nvfp4/registry.py).
+    [requantize]
+    enabled = true
+    method = "gptq"
+    [requantize.method_options]    # the method's typed options (numerics/methods/catalog/), as --method-option
+    damping = 0.02
+
+The sections come from the stage adapters the registry lists (`<stage>/stage.py`, kimi_nvfp4/registry.py).
 """
 
 from __future__ import annotations
@@ -31,8 +37,9 @@ import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from ..errors import KimiNvfp4Error
+from ..registry import pipeline_stages
+from ..stage_kit.device_type import Device
 from ..stage_options import StageOptions
-from .stages import stage_types
 
 
 class ConfigError(KimiNvfp4Error):
@@ -49,7 +56,7 @@ class PipelineSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    device: str = "auto"  # default for every stage that does not set its own
+    device: Device = "auto"  # default for every stage that does not set its own
     report_dir: Path | None = None  # default: OUTPUT/reports
 
     def section(self, stage_name: str) -> StageOptions:
@@ -67,7 +74,7 @@ class PipelineSettings(BaseModel):
 def _pipeline_config_model() -> type[PipelineSettings]:
     sections: dict[str, Any] = {
         section_field(stage.name): (stage.Section, Field(default_factory=stage.Section, alias=stage.name))
-        for stage in stage_types()
+        for stage in pipeline_stages()
     }
     return create_model("PipelineConfig", __base__=PipelineSettings, __module__=__name__, **sections)
 

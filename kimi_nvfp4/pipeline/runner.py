@@ -19,7 +19,8 @@ from tqdm.auto import tqdm
 from ..checkpoint.output_lock import holds_output_lock
 from ..errors import INTERNAL_ERROR_EXIT_CODE, KimiNvfp4Error, exit_code_for  # noqa: F401 (re-exported)
 from .config import PipelineConfig
-from .stage import Stage, StageContext, StageOutcome, settings_match
+from ..registry import pipeline_stages
+from ..stage_kit.pipeline_stage import Stage, StageContext, StageOutcome, settings_match
 from .summary import PipelineSummary, StageResult, StageStatus
 
 
@@ -102,9 +103,12 @@ def run_pipeline(
 
     Never raises for a stage failure: the failure is in the summary and `summary.exit_code`.
     """
-    from .stages import build_stages
-
     config = config or PipelineConfig()
     output = Path(output)
     ctx = StageContext(Path(source), output, config, config.report_path(output), progress)
     return run_stages(build_stages(config), ctx)
+
+
+def build_stages(config: PipelineConfig) -> list[tuple[Stage, bool]]:
+    """The stage sequence with each stage's enabled flag (a section without `enabled`, convert's, always runs)."""
+    return [(stage(), getattr(config.section(stage.name), "enabled", True)) for stage in pipeline_stages()]

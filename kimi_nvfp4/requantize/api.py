@@ -174,6 +174,7 @@ def requantize_checkpoint(
     record = _record_of(manifest, method, stats_entry["mode"])
     conversion = conversion_sha256(manifest.settings, manifest.source.fingerprint)
     settings = opts.recorded()
+    method_options = settings["method_options"]
     result = RequantizeResult(method)
     files = [f for f in out_reader.shard_files if expert_inputs_in(out_reader, f)]
     for file in files:
@@ -181,17 +182,19 @@ def requantize_checkpoint(
         used = stats.recorded(layers)
         shard = manifest.shards.get(file)
         current = shard.sha256 if shard is not None else None
-        if record.finished(file, method, used, current) and sha256_file(output / file) == current:
+        if record.finished(file, method, used, current, method_options) and sha256_file(output / file) == current:
             result.shards_skipped.append(file)
             continue
         outcome = rewrite_shard(output, file, out_reader, src_reader, stats, method=method, device=device,
-                                batch_experts=opts.batch_experts)
+                                batch_experts=opts.batch_experts, method_options=method_options)
         w = outcome.written
         manifest.shards[file] = ShardRecord(file=w.file, sha256=w.sha256, bytes=w.bytes, tensors=w.tensors,
-                                            settings_sha256=requantized_sha256(method, used, conversion))
+                                            settings_sha256=requantized_sha256(method, used, conversion,
+                                                                               method_options))
         record.shards[file] = RequantizedShard(sha256=w.sha256, method=method, statistics=used,
                                                experts=outcome.experts, sources=outcome.sources,
-                                               matrices_kept_search=outcome.matrices_kept_search)
+                                               matrices_kept_search=outcome.matrices_kept_search,
+                                               method_options=method_options)
         record.recalibrated = False
         _save_progress(output, manifest, record, settings, complete=False)
         result.shards_rewritten.append(file)

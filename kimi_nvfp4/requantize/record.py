@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -30,6 +31,8 @@ class RequantizedShard(_Strict):
     experts: int  # expert inputs (gate+up, down) refined in this shard
     sources: dict[str, int] = Field(default_factory=dict)  # experts per statistics source (refine.StatisticsSource)
     matrices_kept_search: int = 0  # matrices where int4-aware's result was kept (refinement not better)
+    # the method's whole typed options (`--method-option`); {} in records written before methods had options
+    method_options: dict[str, Any] = Field(default_factory=dict)
 
 
 class RequantizeRecord(_Strict):
@@ -38,10 +41,11 @@ class RequantizeRecord(_Strict):
     shards: dict[str, RequantizedShard] = Field(default_factory=dict)
     recalibrated: bool = False
 
-    def finished(self, file: str, method: str, statistics: dict[str, str], current_sha256: str | None) -> bool:
+    def finished(self, file: str, method: str, statistics: dict[str, str], current_sha256: str | None,
+                 method_options: dict[str, Any] | None = None) -> bool:
         entry = self.shards.get(file)
         return (entry is not None and entry.method == method and entry.statistics == statistics
-                and entry.sha256 == current_sha256)
+                and entry.sha256 == current_sha256 and entry.method_options == (method_options or {}))
 
     def counts(self) -> dict[str, int]:
         totals: dict[str, int] = {}
@@ -52,8 +56,10 @@ class RequantizeRecord(_Strict):
         return dict(sorted(totals.items()))
 
 
-def requantized_sha256(method: str, statistics: dict[str, str], conversion_digest: str) -> str:
-    """What decides a requantized shard's bytes besides its own non-expert tensors: the method, the statistics
-    files and the conversion (settings and source)."""
-    payload = json.dumps({"method": method, "statistics": statistics, "conversion": conversion_digest}, sort_keys=True)
+def requantized_sha256(method: str, statistics: dict[str, str], conversion_digest: str,
+                       method_options: dict[str, Any] | None = None) -> str:
+    """What decides a requantized shard's bytes besides its own non-expert tensors: the method and its options, the
+    statistics files and the conversion (settings and source)."""
+    payload = json.dumps({"method": method, "method_options": method_options or {}, "statistics": statistics,
+                          "conversion": conversion_digest}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -92,10 +93,12 @@ def rewrite_shard(
     method: str,
     device: torch.device,
     batch_experts: int,
+    method_options: dict[str, Any] | None = None,
 ) -> ShardOutcome:
     """Rewrite `output/file` atomically (temporary name, fsync, rename); returns what was written and counted.
 
     :param stats_for_layer: the statistics file of a layer (checked by the caller against the manifest).
+    :param method_options: the method's options (its typed model's fields; default its defaults).
     """
     path = output / file
     with safe_open(str(path), framework="pt") as f:
@@ -107,7 +110,7 @@ def rewrite_shard(
     for start in range(0, len(items), batch_experts):
         batch = items[start : start + batch_experts]
         experts = [_matrices(source, item, device, stats_for_layer(item.layer)) for item in batch]
-        summary = requantize_experts(method, experts, batch_experts=batch_experts)
+        summary = requantize_experts(method, experts, batch_experts=batch_experts, options=method_options)
         for item, refined in zip(batch, summary.experts, strict=True):
             outcome_sources[refined.source.value] = outcome_sources.get(refined.source.value, 0) + 1
             kept += sum(refined.kept_search)

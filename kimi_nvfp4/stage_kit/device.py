@@ -7,26 +7,23 @@ import time
 import torch
 
 from ..errors import DeviceError
+from .device_type import AUTO_DEVICE, DEVICE_TYPES, VOCABULARY
 
-AUTO_DEVICE = "auto"
 AUTO_DTYPE = "auto"
-
-
-# The device kinds every stage accepts (`cuda` may carry an index: `cuda:1`).
-DEVICE_TYPES = ("cpu", "cuda")
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
     """`auto` -> the first CUDA device if there is one, else CPU; `cpu`, `cuda`, `cuda:N`; an explicit CUDA
-    request needs CUDA. The one device rule of every stage (convert, calibrate, validate)."""
+    request needs CUDA. The one device rule of every stage (convert, calibrate, validate, requantize); options
+    models check the spelling first (`device_type.Device`), this checks the machine."""
     if str(device) == AUTO_DEVICE:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
-        raise DeviceError(f"--device must be auto, cpu, cuda or cuda:N, got {device!r}") from None
+        raise DeviceError(f"--device must be {VOCABULARY}, got {device!r}") from None
     if dev.type not in DEVICE_TYPES:
-        raise DeviceError(f"--device must be auto, cpu, cuda or cuda:N, got {device!r}")
+        raise DeviceError(f"--device must be {VOCABULARY}, got {device!r}")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise DeviceError(f"--device {device}: torch sees no CUDA device on this machine (use --device cpu)")
     return dev

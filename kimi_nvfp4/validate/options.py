@@ -14,7 +14,8 @@ from ..model.linear import ActivationMode
 from ..model.nvfp4_linears import InputScaleReduction
 from ..stage_kit.memory_plan import gpu_memory_field, parse_size_option
 from ..stage_kit.resume import resume_every_field, resume_max_overhead_field
-from ..stage_options import Cli, StageOptions, device_name
+from ..stage_kit.device_type import Device, OptionalDevice
+from ..stage_options import Cli, StageOptions
 from .experts import DEFAULT_EXPERT_CHECK_TOKENS
 from .gates import GateThresholds, load_gates
 
@@ -47,7 +48,7 @@ class ValidateOptions(StageOptions):
     generated_sessions: Annotated[int | None, Cli("--sessions")] = Field(
         None, ge=1, description="Sessions to generate for builtin/tree: data (default: enough for --samples; "
                                 "~0.3 s each).")
-    device: str = Field("auto", description="auto, cpu, cuda or cuda:N.")
+    device: Device = Field("auto", description="auto, cpu, cuda or cuda:N.")
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="Compute dtype of every stream. auto: bfloat16 on CUDA (what SGLang serves: bf16 hidden "
                             "states, matmuls and logits), float32 on CPU.")
@@ -63,20 +64,17 @@ class ValidateOptions(StageOptions):
                     "layer at K2.6 scale).")
     resume_every: int = resume_every_field("REPORT_DIR")
     resume_max_overhead: float = resume_max_overhead_field()
-    max_chunk_tokens: int | None = Field(None, ge=1, description="Tokens per MLP/MoE chunk.")
-    states_device: str | None = Field(
-        None, description="Keep hidden states here (e.g. cpu) when they do not fit the GPU.")
+    max_chunk_tokens: int | None = Field(None, ge=1, description="Tokens per MLP/MoE chunk (default: the memory plan "
+                                                                 "decides; results do not depend on it).")
+    states_device: OptionalDevice = Field(
+        None, description="Keep hidden states here (e.g. cpu) when they do not fit the GPU (default: the memory "
+                          "plan decides).")
     gpu_memory: Annotated[int | None, Cli(click_type=click.STRING, metavar="SIZE")] = gpu_memory_field()
 
     # What decides the verdict (with the data spec and the thresholds), as validate records it.
     RECORDED: ClassVar[tuple[str, ...]] = (
         "samples", "seq_len", "seed", "modes", "input_scale_reduction", "expert_check_tokens",
     )
-
-    @field_validator("device", "states_device", mode="before")
-    @classmethod
-    def _device_name(cls, value: Any) -> Any:
-        return device_name(value)
 
     @field_validator("gpu_memory", mode="before")
     @classmethod

@@ -20,7 +20,7 @@ from kimi_nvfp4.checkpoint.reader import CheckpointReader
 from kimi_nvfp4.model import LayerStreamRunner, NVFP4Weights
 from kimi_nvfp4.model import runner as runner_module
 from kimi_nvfp4.model import weights as model_weights
-from kimi_nvfp4.pipeline.stage import settings_match
+from kimi_nvfp4.stage_kit.pipeline_stage import settings_match
 
 CPU = torch.device("cpu")
 

@@ -37,14 +37,14 @@ def _quantize(w: float, bits: int, scale_2: torch.Tensor) -> tuple[int, float]:
     return int(code), float((decode_e2m1(code) * d).double())
 
 
-def reference_gptq(weight, hessian, scale_2, search_bits):
+def reference_gptq(weight, hessian, scale_2, search_bits, damping=HESSIAN_DAMPING, window=SCALE_WINDOW):
     """Column by column in float64, one row at a time for the scales: GPTQ as the paper writes it (no lazy batches),
     the NVFP4 block scale of each row chosen at the block's first column among the search's scale and the window
     around the updated block's amax/6, by sum_j (w_j - q_j)^2 / U_jj^2."""
     rows, columns = weight.shape
     h = hessian.clone()
     h.diagonal()[h.diagonal() == 0] = 1.0
-    h += HESSIAN_DAMPING * float(h.diagonal().mean()) * torch.eye(columns, dtype=torch.float64)
+    h += damping * float(h.diagonal().mean()) * torch.eye(columns, dtype=torch.float64)
     u = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
     w = weight.clone()
     codes = torch.zeros(rows, columns, dtype=torch.uint8)
@@ -56,7 +56,7 @@ def reference_gptq(weight, hessian, scale_2, search_bits):
                 amax = torch.tensor(max(abs(v) for v in block), dtype=torch.float32)
                 centre = _e4m3_bits(float(amax / (E2M1_MAX * scale_2)))  # fp32 division, as the solver
                 candidates = [int(search_bits[r, j // 16])]
-                candidates += [min(126, max(1, centre + o)) for o in range(SCALE_WINDOW[0], SCALE_WINDOW[1] + 1)]
+                candidates += [min(126, max(1, centre + o)) for o in range(window[0], window[1] + 1)]
                 costs = []
                 for b in candidates:
                     cost = 0.0
@@ -92,6 +92,31 @@ def test_batched_gptq_equals_the_column_by_column_reference():
         )
         assert bool(ok.all())
         assert torch.equal(bits[0], want_bits) and torch.equal(codes[0], want_codes)
+
+
+def test_gptq_options_reach_the_solver():
+    """`--method-option damping=... scale_window=...` change what the solver computes, as the reference says; the
+    defaults are the solver's constants, so no options is the shipped method."""
+    from kimi_nvfp4.numerics.methods.catalog.gptq import GptqOptions
+
+    m = realistic_int4(5, 64, seed=1, row_spread=1.0)
+    stats = _stats(heavy_tailed_rows(200, 64, seed=2))
+    stats = ExpertInputStats(stats.tokens, stats.channel_energy, stats.hessian)  # no fourth moments: no shrinkage
+    (search,) = quantize_int4_matrices([m], "int4-aware")
+    scale_2, search_bits = search.weight_scale_2, search.weight_scale.view(torch.uint8)
+    options = GptqOptions(damping=0.3, scale_window=(-1, 2), block_columns=32)
+    want_codes, want_bits = reference_gptq(m.values().double(), stats.hessian, scale_2, search_bits, 0.3, (-1, 2))
+    codes, bits, _ = gptq_quantize(m.values().double().unsqueeze(0), stats.hessian.unsqueeze(0), scale_2.view(1),
+                                   search_bits.unsqueeze(0), **options.solver_keywords())
+    assert torch.equal(bits[0], want_bits) and torch.equal(codes[0], want_codes)
+    default_codes, _ = reference_gptq(m.values().double(), stats.hessian, scale_2, search_bits)
+    assert not torch.equal(default_codes, want_codes)  # the options changed the result
+    expert = [ExpertMatrices("x", [m], stats)]
+    assert requantize_experts("gptq", expert, options={}).experts[0].final_error == \
+        requantize_experts("gptq", expert).experts[0].final_error
+    tuned = requantize_experts("gptq", expert, options=options).experts[0]
+    if not tuned.kept_search[0]:
+        assert torch.equal(tuned.tensors[0].weight, pack_e2m1(want_codes))
 
 
 def test_experts_in_one_batch_get_what_they_get_alone():

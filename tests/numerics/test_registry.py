@@ -1,4 +1,5 @@
-"""The method registry (`numerics/methods/registry.py`) and the candidate rule as data (`search/rule.py`)."""
+"""The method registry (`numerics/methods/registry.py`: entries of `plugins.Registry` with typed options and
+execution paths) and the candidate rule as data (`search/rule.py`)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,20 @@ import kimi_nvfp4.numerics.methods.catalog as catalog
 from kimi_nvfp4.numerics.constants import E2M1_MAX
 from kimi_nvfp4.numerics.methods import (
     DEFAULT_METHOD,
+    METHODS,
+    ExecutionPath,
     ScaleMethod,
     ScaleMethodSpec,
     StatisticsNeed,
+    method_options,
     method_spec,
     weight_only_methods,
 )
+from kimi_nvfp4.numerics.methods.catalog.act_diag import ActDiagOptions
+from kimi_nvfp4.numerics.methods.catalog.gptq import GptqOptions
 from kimi_nvfp4.numerics.methods.catalog.int4_aware import INT4_AWARE_RULE
+from kimi_nvfp4.numerics.methods.output_aware.gptq_solver import HESSIAN_DAMPING
+from kimi_nvfp4.plugins import PluginError
 from kimi_nvfp4.numerics.methods.search.group import BlockSearch
 from kimi_nvfp4.numerics.methods.search.reference import block_max_code, flat_blocks
 from kimi_nvfp4.numerics.methods.search.rule import EveryE4M3Scale, model_optimizer_bits
@@ -31,7 +39,7 @@ def test_every_catalog_module_is_a_registered_method():
     names = {m.value for m in ScaleMethod}
     assert len(modules) == len(names)
     for module in modules:
-        spec = __import__(f"kimi_nvfp4.numerics.methods.catalog.{module}", fromlist=["METHOD"]).METHOD
+        spec = __import__(f"kimi_nvfp4.numerics.methods.catalog.{module}", fromlist=["PLUGIN"]).PLUGIN
         assert spec.name in names and method_spec(spec.name) is spec
         assert spec.description and spec.search is not None
 
@@ -47,6 +55,7 @@ def test_names_default_and_weight_only_methods():
     assert method_spec(ScaleMethod.INT4_AWARE).search.candidates is INT4_AWARE_RULE
     with pytest.raises(ValueError, match="registered: amax, int4-aware"):
         method_spec("fp8-sweep")
+    assert method_spec("INT4_AWARE") is method_spec("int4-aware")  # the registry's spelling rule
 
 
 def test_output_aware_methods_are_registered_with_their_statistics():
@@ -63,6 +72,58 @@ def test_a_spec_pairs_statistics_with_a_refinement():
         ScaleMethodSpec("x", "needs statistics but refines nothing", search, statistics=StatisticsNeed.DIAGONAL)
     with pytest.raises(ValueError):
         ScaleMethodSpec("x", "refines without statistics", search, refine=lambda *a: None)
+
+
+def test_a_spec_without_a_triton_path_says_why():
+    search = BlockSearch(None)
+    torch_only = (ExecutionPath.CPU_REFERENCE, ExecutionPath.TORCH_CUDA)
+    with pytest.raises(ValueError, match="no_triton"):
+        ScaleMethodSpec("x", "no reason given", search, paths=torch_only)
+    with pytest.raises(ValueError, match="no_triton"):
+        ScaleMethodSpec("x", "a reason for a path it has", search, no_triton="because")
+    assert ScaleMethodSpec("x", "ok", search, paths=torch_only, no_triton="because").no_triton == "because"
+
+
+def test_the_registry_states_the_triton_path_the_kernels_take():
+    """A weight-only method lists TRITON exactly when the search kernels hold its candidates."""
+    kernels = pytest.importorskip("kimi_nvfp4.numerics.methods.search.triton_kernels")
+    for spec in METHODS.entries():
+        assert spec.paths and ExecutionPath.CPU_REFERENCE in spec.paths
+        if spec.weight_only:
+            assert (ExecutionPath.TRITON in spec.paths) == kernels.supports(spec.search.candidates), spec.name
+    assert ExecutionPath.TRITON not in method_spec("sweep").paths
+
+
+def test_a_method_without_triton_says_once_that_it_runs_torch_on_cuda(capsys):
+    from kimi_nvfp4.numerics.methods import registry
+
+    registry._notice_once.cache_clear()
+    method_spec("sweep").notice_path(torch.device("cpu"))
+    method_spec("int4-aware").notice_path("cuda:1")
+    assert capsys.readouterr().err == ""
+    for _ in range(2):
+        method_spec("sweep").notice_path("cuda:1")
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("note: scale method sweep has no Triton path (")
+    assert "126 candidates" in err[0] and err[0].endswith("running its torch path on CUDA (slower)")
+
+
+def test_methods_carry_typed_options():
+    gptq = method_options("gptq", {"damping": "0.02", "scale_window": "-2,6", "fused_kernel": "false"})
+    assert isinstance(gptq, GptqOptions)
+    assert (gptq.damping, gptq.scale_window, gptq.fused_kernel) == (0.02, (-2, 6), False)
+    assert gptq.solver_keywords()["damping"] == 0.02 and gptq.solver_keywords()["scale_window"] == (-2, 6)
+    # the defaults are the solver's constants (one truth), and act-diag's options are gptq's fallback's
+    assert method_options("gptq") == GptqOptions(damping=HESSIAN_DAMPING)
+    assert isinstance(method_options("act-diag"), ActDiagOptions) and isinstance(gptq, ActDiagOptions)
+    assert method_options("gptq-w4a4").__class__ is GptqOptions
+    assert method_options("int4-aware").model_dump() == {}
+    with pytest.raises(PluginError, match="gptq: option block_columns: .*multiple of 16|block_columns 24"):
+        method_options("gptq", {"block_columns": 24})
+    with pytest.raises(PluginError, match="int4-aware: option damping"):
+        method_options("int4-aware", {"damping": 0.02})
+    with pytest.raises(PluginError, match="its options: energy_damping, window_steps"):
+        method_options("act-diag", {"damping": "0.1"})
 
 
 def test_the_int4_aware_rule_as_data():
@@ -97,3 +158,14 @@ def test_rule_candidates_are_the_rounded_targets_and_their_neighbours():
     expected_5 = [e4m3(1.25 / 6 * 256) + o for o in (0, 1)] + [e4m3(1.25 / 4 * 256) + o for o in (-1, 0, 1)]
     expected_5 += [e4m3(0.25 * 256) + o for o in (-1, 0)]  # |code| <= 6: s_group, not 2 * s_group
     assert bits[:, 0].tolist() == expected_7 and bits[:, 1].tolist() == expected_5
+
+
+def test_the_docs_list_the_registered_methods_from_the_registry():
+    """docs/numerics.md's method table is the registry's rendering (`python -m kimi_nvfp4.numerics.methods.docs
+    docs/numerics.md` rewrites it), never a hand-kept copy."""
+    from kimi_nvfp4.numerics.methods.docs import generated_block
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "numerics.md").read_text()
+    assert generated_block() in page
+    for spec in METHODS.entries():
+        assert f"| `{spec.name}` |" in generated_block()

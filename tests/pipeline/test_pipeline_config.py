@@ -66,8 +66,10 @@ def test_sections_are_the_stages_options_models():
 
 
 def test_a_stage_without_its_own_device_gets_the_top_level_one(tmp_path):
-    from kimi_nvfp4.pipeline.stages import CalibrateStage, ConvertStage, ValidateStage
-    from kimi_nvfp4.pipeline.stage import StageContext
+    from kimi_nvfp4.calibrate.stage import CalibrateStage
+    from kimi_nvfp4.convert.stage import ConvertStage
+    from kimi_nvfp4.stage_kit.pipeline_stage import StageContext
+    from kimi_nvfp4.validate.stage import ValidateStage
 
     config = pipeline_config_from_dict({"device": "cpu", "calibrate": {"device": "cuda:1", "samples": 8}})
     ctx = StageContext(tmp_path, tmp_path / "out", config, tmp_path / "reports", progress=False)

@@ -129,7 +129,7 @@ def test_a_failed_stage_is_not_recorded_and_runs_again(tmp_path):
 def test_convert_is_not_skipped_for_a_different_source(tmp_path, make_tiny_k2):
     """The real convert adapter: a finished output made from another source is handed back to convert."""
     from kimi_nvfp4.convert import convert_checkpoint
-    from kimi_nvfp4.pipeline.stages import ConvertStage
+    from kimi_nvfp4.convert.stage import ConvertStage
 
     src_a = make_tiny_k2(tmp_path / "a", layers=2, experts=4, vocab_size=256)
     src_b = make_tiny_k2(tmp_path / "b", layers=2, experts=4, vocab_size=256, seed=1)
@@ -149,7 +149,7 @@ def test_a_setting_the_stage_did_not_record_is_added_so_a_rerun_skips(tmp_path):
     record, or the next run would never find it and run validate again."""
     from kimi_nvfp4.checkpoint.manifest import (ConversionManifest, ConversionSettings, SourceRecord, StageRecord,
                                                 load_manifest, save_manifest)
-    from kimi_nvfp4.pipeline.stages.base import ManifestRecordedStage
+    from kimi_nvfp4.stage_kit.pipeline_stage import ManifestRecordedStage
 
     class SelfRecordingStage(ManifestRecordedStage):
         name = "validate"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kimi_nvfp4.pipeline import StageContext, StageStatus, pipeline_config_from_dict, run_stages
-from kimi_nvfp4.pipeline.stages import PublishStage
+from kimi_nvfp4.publish.stage import PublishStage
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:httpx2")
 

@@ -82,6 +82,26 @@ def test_only_routed_expert_tensors_are_rewritten(calibrated_pair):
     assert record.counts()["expert-dense"] > 0
 
 
+def test_method_options_are_recorded_and_decide_what_a_rerun_reuses(calibrated_pair):
+    """`method_options` reach the method (other bytes), are recorded whole per shard and in the stage's settings,
+    and a rerun with other options rewrites the shards a rerun with the same options skips."""
+    src, out = calibrated_pair
+    default = requantize_checkpoint(out, src, method="gptq", device="cpu", recalibrate=False, progress=False)
+    default_digests = _digests(out)
+    damped = requantize_checkpoint(out, src, method="gptq", method_options={"damping": 0.5}, device="cpu",
+                                   recalibrate=False, progress=False)
+    assert sorted(damped.shards_rewritten) == sorted(default.shards_rewritten) and not damped.shards_skipped
+    assert _digests(out) != default_digests  # the option changed the experts' bytes
+    manifest = load_manifest(out)
+    record = RequantizeRecord.model_validate(manifest.stages[REQUANTIZE_STAGE].outputs)
+    recorded = manifest.stages[REQUANTIZE_STAGE].settings["method_options"]
+    assert recorded["damping"] == 0.5 and recorded["damping_retries"] == 4  # the whole typed options
+    assert all(entry.method_options == recorded for entry in record.shards.values())
+    again = requantize_checkpoint(out, src, method="gptq", method_options={"damping": 0.5}, device="cpu",
+                                  recalibrate=False, progress=False)
+    assert not again.shards_rewritten and sorted(again.shards_skipped) == sorted(damped.shards_rewritten)
+
+
 def test_a_killed_run_resumes_to_the_bytes_of_an_uninterrupted_run(calibrated_pair, tmp_path, monkeypatch):
     src, out = calibrated_pair
     straight = copy_of(calibrated_pair, tmp_path / "straight")

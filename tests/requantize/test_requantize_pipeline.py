@@ -10,7 +10,8 @@ import pytest
 from kimi_nvfp4.checkpoint.manifest import load_manifest
 from kimi_nvfp4.checkpoint.verdict import VERDICT_KEY
 from kimi_nvfp4.pipeline import StageContext, StageStatus, pipeline_config_from_dict, run_pipeline
-from kimi_nvfp4.pipeline.stages import CalibrateStage, stage_types
+from kimi_nvfp4.calibrate.stage import CalibrateStage
+from kimi_nvfp4.registry import pipeline_stages
 
 RANDOM_MODEL_GATES = ["weight_exact_fraction_min=0", "w4a4.top1_min=0"]  # tests/pipeline/test_pipeline_e2e.py
 CONFIG = {
@@ -22,7 +23,7 @@ CONFIG = {
 
 
 def test_requantize_is_a_stage_after_calibrate():
-    names = [stage.name for stage in stage_types()]
+    names = [stage.name for stage in pipeline_stages()]
     assert names.index("calibrate") + 1 == names.index("requantize") < names.index("validate")
 
 

@@ -137,17 +137,36 @@ def test_help():
         assert result.exit_code == 0 and "--source" in result.output and "--data" in result.output
 
 
+# Input scales this many times too small clip every 16-block whose amax exceeds 1/64 of the layer's (a calibration
+# that took a mean or a low percentile for the max): what the default gates exist to refuse. (Too large a scale is
+# mostly absorbed by the per-16 E4M3 block scale until it underflows, so x64 larger passes the gates.)
+BROKEN_INPUT_SCALE_DIVISOR = 64.0
+
+
 @pytest.mark.slow
-def test_demo_model_passes_the_default_gates(tmp_path):
-    """The shipped defaults were measured on the demo model: a correct pipeline run must pass them."""
-    from kimi_nvfp4.calibrate import calibrate_checkpoint
+def test_the_default_gates_pass_the_demo_model_and_refuse_it_miscalibrated(tmp_path):
+    """The shipped defaults were measured on the demo model, so passing them there alone proves nothing; the same
+    gates must refuse the same checkpoint once its input scales are wrong (W4A4 gates fail, W4A16 ones pass: the
+    weights are untouched)."""
+    from safetensors.torch import load_file, save_file
+
+    from kimi_nvfp4.calibrate import INPUT_SCALES_SHARD, calibrate_checkpoint
     from kimi_nvfp4.convert.api import convert_checkpoint
     from kimi_nvfp4.demo_model import DEMO_CHECKPOINT
 
     out = tmp_path / "demo_nvfp4"
     convert_checkpoint(DEMO_CHECKPOINT, out, device="cpu", progress=False)
     calibrate_checkpoint(out, DEMO_CHECKPOINT, "sample", samples=8, seq_len=128, device="cpu", progress=False)
-    report = validate_checkpoint(
-        out, DEMO_CHECKPOINT, "sample", report_dir=tmp_path / "r", samples=8, seq_len=128, device="cpu", progress=False
-    )
-    assert report.passed, [(g.name, g.value, g.threshold) for g in report.gates if not g.passed]
+
+    def validate(name: str):
+        return validate_checkpoint(out, DEMO_CHECKPOINT, "sample", report_dir=tmp_path / name, samples=8, seq_len=128,
+                                   device="cpu", progress=False)
+
+    good = validate("good")
+    assert good.passed, [(g.name, g.value, g.threshold) for g in good.gates if not g.passed]
+
+    scales = load_file(out / INPUT_SCALES_SHARD)
+    save_file({name: t / BROKEN_INPUT_SCALE_DIVISOR for name, t in scales.items()}, out / INPUT_SCALES_SHARD)
+    bad = validate("bad")
+    failed = {g.name for g in bad.gates if not g.passed}
+    assert not bad.passed and failed and all(name.startswith("w4a4.") for name in failed), failed

@@ -11,13 +11,25 @@ from .output_aware.input_stats import ExpertInputStats, InputStatsAccumulator
 from .output_aware.output_error import output_error
 from .output_aware.refine import ExpertMatrices, RefinedExpert, RefineSummary, StatisticsSource
 from .quantize import GroupBatch, quantize_int4_groups, quantize_int4_matrices
-from .registry import DEFAULT_METHOD, ScaleMethod, ScaleMethodSpec, StatisticsNeed, method_spec, weight_only_methods
+from .registry import (
+    DEFAULT_METHOD,
+    METHODS,
+    ExecutionPath,
+    ScaleMethod,
+    ScaleMethodSpec,
+    StatisticsNeed,
+    method_options,
+    method_spec,
+    weight_only_methods,
+)
 from .requantize import requantize_experts
 from .search.group import SearchPath
 from .stats import MatrixErrorStats, error_stats, stats_from_sums
 
 __all__ = [
     "DEFAULT_METHOD",
+    "ExecutionPath",
+    "METHODS",
     "ExpertInputStats",
     "ExpertMatrices",
     "GroupBatch",
@@ -32,6 +44,7 @@ __all__ = [
     "StatisticsNeed",
     "StatisticsSource",
     "error_stats",
+    "method_options",
     "method_spec",
     "output_error",
     "quantize_int4_groups",

@@ -69,13 +69,15 @@ def quantize_int4_groups(
     :param method: a weight-only registered method (`registry.weight_only_methods`).
     :param path: force an execution path (tests, benchmarks); default `choose_path`'s choice per group.
     """
-    search = _weight_only(method).search
+    spec = _weight_only(method)
+    search = spec.search
     mats = [m for g in groups for m in g]
     if not mats:
         return GroupBatch([], torch.zeros((0, 2), dtype=torch.int64), None)
     devices = {m.device for m in mats}
     if len(devices) != 1:
         raise ValueError(f"matrices converted together must share a device, got {sorted(map(str, devices))}")
+    spec.notice_path(mats[0].device)
     checks = torch.stack([_scale_checks(m) for m in mats])
     tensors, rows = [], []
     for g in groups:

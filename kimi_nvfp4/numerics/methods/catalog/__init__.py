@@ -1,1 +1,1 @@
-"""The scale methods, one module each; every module defines `METHOD = ScaleMethodSpec(...)` (see registry.py)."""
+"""The scale methods, one module each; every module defines `PLUGIN = ScaleMethodSpec(...)` (see registry.py)."""

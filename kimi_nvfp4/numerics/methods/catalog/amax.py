@@ -8,7 +8,7 @@ from __future__ import annotations
 from ..registry import ScaleMethodSpec
 from ..search.group import BlockSearch
 
-METHOD = ScaleMethodSpec(
+PLUGIN = ScaleMethodSpec(
     name="amax",
     description="Model Optimizer's rule, block scale `amax(block) / 6` rounded to E4M3 (bit-exact with NVFP4QTensor).",
     search=BlockSearch(candidates=None),

@@ -4,7 +4,7 @@ Starting from int4-aware's tensor scale, the input columns are quantized in orde
 scale chosen from the block's error-updated weights, and each column's error is pushed onto the columns not yet
 quantized through the Cholesky factor of the dampened inverse Hessian (`output_aware/gptq_solver.py`), batched
 over experts. H is first pulled toward its diagonal as far as its own sampling noise says
-(`ExpertInputStats.hessian_shrinkage`, Ledoit-Wolf with a diagonal target): with few tokens per input channel a
+(`ExpertInputStats.hessian_shrinkage`, Ledoit-Wolf with a diagonal target, times `shrinkage_scale`): with few tokens per input channel a
 raw H makes GPTQ fit the calibration rows' noise (measured: bench/bench_output_aware.py --token-sweep). Experts whose statistics fall back to a diagonal (too few tokens, `output_aware/refine.py`) get
 act-diag. The driver keeps int4-aware's result for any matrix whose `tr((W - Q) H (W - Q)^T)` would not be
 smaller. CPU is the reference; GPU results can differ in rare codes (BLAS summation order).
@@ -13,41 +13,86 @@ smaller. CPU is the reference; GPU results can differ in rare codes (BLAS summat
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
+from pydantic import Field, field_validator, model_validator
 
+from ...constants import NVFP4_BLOCK_SIZE
 from ...e2m1 import pack_e2m1
 from ...nvfp4 import NVFP4Tensor
-from ..output_aware.gptq_solver import gptq_quantize
+from ..output_aware import gptq_solver
 from ..output_aware.refine import RefineInput
-from ..registry import ScaleMethodSpec, StatisticsNeed
-from .act_diag import refine_diagonal
+from ..registry import ExecutionPath, ScaleMethodSpec, StatisticsNeed
+from .act_diag import ActDiagOptions, refine_diagonal
 from .int4_aware import INT4_AWARE_SEARCH
 
 
-def _shrunk_hessian(item: RefineInput) -> torch.Tensor:
+class GptqOptions(ActDiagOptions):
+    """gptq's options (and gptq-w4a4's): the solver's statistics levers and its batching; act-diag's for the
+    experts that fall back to it. Defaults are the solver's constants (output_aware/gptq_solver.py)."""
+
+    damping: float = Field(gptq_solver.HESSIAN_DAMPING, gt=0,
+                           description="H + damping * mean(diag H) * I (GPTQ's percdamp)")
+    damping_retries: int = Field(gptq_solver.DAMPING_RETRIES, ge=0,
+                                 description="retries of a failed Cholesky factorisation, the damping grown each time")
+    damping_growth: float = Field(gptq_solver.DAMPING_GROWTH, gt=1, description="damping multiplier per retry")
+    shrinkage_scale: float = Field(1.0, ge=0, description="multiplies the Ledoit-Wolf weight pulling H toward its "
+                                                          "diagonal (capped at 1)")
+    block_columns: int = Field(gptq_solver.BLOCK_COLUMNS, ge=NVFP4_BLOCK_SIZE,
+                               description="columns per lazy batch update (a multiple of 16)")
+    scale_window: tuple[int, int] = Field(gptq_solver.SCALE_WINDOW, description="lowest,highest E4M3 bit offset "
+                                                                                "tried around a block's amax/6 scale")
+    fused_kernel: bool = Field(True, description="on CUDA, a block's 16 column steps as one Triton kernel (same bits)")
+
+    @field_validator("scale_window", mode="before")
+    @classmethod
+    def _pair(cls, value: Any) -> Any:
+        """`"-3,7"` (a --method-option value) as the pair (-3, 7)."""
+        return tuple(part.strip() for part in value.split(",")) if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _shapes(self) -> GptqOptions:
+        if self.block_columns % NVFP4_BLOCK_SIZE:
+            raise ValueError(f"block_columns {self.block_columns} is not a multiple of {NVFP4_BLOCK_SIZE}")
+        if self.scale_window[0] > self.scale_window[1]:
+            raise ValueError(f"scale_window {self.scale_window}: lowest above highest")
+        return self
+
+    def solver_keywords(self) -> dict[str, Any]:
+        """The keywords of `gptq_solver.gptq_quantize` these options set."""
+        return dict(block_columns=self.block_columns, damping=self.damping, retries=self.damping_retries,
+                    growth=self.damping_growth, scale_window=self.scale_window, fused=self.fused_kernel)
+
+    def shrinkage(self, item: RefineInput) -> float:
+        """The weight of diag(H) in the shrunk H: the statistics' own estimate times `shrinkage_scale`, at most 1."""
+        return min(1.0, self.shrinkage_scale * item.stats.hessian_shrinkage())
+
+
+def _shrunk_hessian(item: RefineInput, options: GptqOptions | None = None) -> torch.Tensor:
     """H pulled toward its diagonal by the statistics' own noise estimate (`ExpertInputStats.hessian_shrinkage`)."""
     hessian = item.stats.hessian
-    weight = item.stats.hessian_shrinkage()
+    weight = (options or GptqOptions()).shrinkage(item)
     if weight == 0.0:
         return hessian
     return (1.0 - weight) * hessian + weight * torch.diag(hessian.diagonal())
 
 
-def refine_dense(items: Sequence[RefineInput]) -> list[list[NVFP4Tensor]]:
+def refine_dense(items: Sequence[RefineInput], options: GptqOptions | None = None) -> list[list[NVFP4Tensor]]:
     """GPTQ for the items with a dense Hessian (one batch: same shapes), act-diag for the others."""
+    options = options or GptqOptions()
     out: list[list[NVFP4Tensor] | None] = [None] * len(items)
     dense = [i for i, item in enumerate(items) if item.stats.hessian is not None]
     diagonal = [i for i in range(len(items)) if i not in dense]
-    for i, result in zip(diagonal, refine_diagonal([items[i] for i in diagonal])):
+    for i, result in zip(diagonal, refine_diagonal([items[i] for i in diagonal], options)):
         out[i] = result
     if dense:
         batch = [items[i] for i in dense]
         weight = torch.stack([torch.cat([m.values() for m in item.matrices]).double() for item in batch])
-        hessian = torch.stack([_shrunk_hessian(item) for item in batch])
+        hessian = torch.stack([_shrunk_hessian(item, options) for item in batch])
         scale_2 = torch.stack([item.search[0].weight_scale_2 for item in batch])
         search_bits = torch.stack([torch.cat([q.weight_scale.view(torch.uint8) for q in item.search]) for item in batch])
-        codes, bits, _ = gptq_quantize(weight, hessian, scale_2, search_bits)
+        codes, bits, _ = gptq_solver.gptq_quantize(weight, hessian, scale_2, search_bits, **options.solver_keywords())
         for e, (i, item) in enumerate(zip(dense, batch)):
             tensors, start = [], 0
             for m in item.matrices:
@@ -58,7 +103,7 @@ def refine_dense(items: Sequence[RefineInput]) -> list[list[NVFP4Tensor]]:
     return out
 
 
-METHOD = ScaleMethodSpec(
+PLUGIN = ScaleMethodSpec(
     name="gptq",
     description=(
         "int4-aware's tensor scale, then GPTQ against the INT4 weights with each expert's calibration input Hessian "
@@ -68,4 +113,7 @@ METHOD = ScaleMethodSpec(
     search=INT4_AWARE_SEARCH,
     statistics=StatisticsNeed.HESSIAN,
     refine=refine_dense,
+    options_model=GptqOptions,
+    # Triton: the column steps of a block (numerics/gptq_block_kernel.py), with `fused_kernel`
+    paths=(ExecutionPath.CPU_REFERENCE, ExecutionPath.TORCH_CUDA, ExecutionPath.TRITON),
 )

@@ -28,7 +28,8 @@ from ...nvfp4 import NVFP4Tensor
 from ..output_aware.gptq_solver import gptq_quantize
 from ..output_aware.refine import RefineInput
 from ..output_aware.served_target import served_target
-from ..registry import ScaleMethodSpec, StatisticsNeed
+from ..registry import ExecutionPath, ScaleMethodSpec, StatisticsNeed
+from .gptq import GptqOptions
 from .int4_aware import INT4_AWARE_SEARCH
 
 
@@ -38,18 +39,20 @@ def _toward_diagonal(matrix: torch.Tensor, weight: float) -> torch.Tensor:
     return (1.0 - weight) * matrix + weight * torch.diag(matrix.diagonal())
 
 
-def served_moments(item: RefineInput) -> tuple[torch.Tensor, torch.Tensor]:
+def served_moments(item: RefineInput, options: GptqOptions | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(H~, C) `[in, in]` float64 for one expert: shrunk dense moments, or the diagonal ones as matrices."""
     quantized = item.stats.quantized
     if quantized is None:
         raise ValueError("gptq-w4a4 needs statistics of the quantized inputs (calibrate --expert-stats w4a4)")
     if quantized.hessian is None:
         return torch.diag(quantized.energy), torch.diag(quantized.cross_energy)
-    weight = item.stats.hessian_shrinkage()
+    weight = (options or GptqOptions()).shrinkage(item)
     return _toward_diagonal(quantized.hessian, weight), _toward_diagonal(quantized.cross, weight)
 
 
-def refine_served(items: Sequence[RefineInput], *, dense_target: bool = True) -> list[list[NVFP4Tensor]]:
+def refine_served(
+    items: Sequence[RefineInput], options: GptqOptions | None = None, *, dense_target: bool = True
+) -> list[list[NVFP4Tensor]]:
     """GPTQ on `W C H~^-1` with Hessian H~ for one batch of experts (same shapes; dense or diagonal statistics).
 
     :param dense_target: the Wiener target from the dense C and H~ (True), or from their diagonals only, each
@@ -57,20 +60,22 @@ def refine_served(items: Sequence[RefineInput], *, dense_target: bool = True) ->
     """
     if not items:
         return []
+    options = options or GptqOptions()
     weight = torch.stack([torch.cat([m.values() for m in item.matrices]).double() for item in items])
-    moments = [served_moments(item) for item in items]
+    moments = [served_moments(item, options) for item in items]
     hessian = torch.stack([h for h, _ in moments]).to(weight.device)
     cross = torch.stack([c for _, c in moments]).to(weight.device)
+    damping = dict(damping=options.damping, retries=options.damping_retries, growth=options.damping_growth)
     if dense_target:
-        target = served_target(weight, cross, hessian)
+        target = served_target(weight, cross, hessian, **damping)
     else:
         def diagonal(t):
             return torch.diag_embed(t.diagonal(dim1=-2, dim2=-1))
 
-        target = served_target(weight, diagonal(cross), diagonal(hessian))
+        target = served_target(weight, diagonal(cross), diagonal(hessian), **damping)
     scale_2 = torch.stack([item.search[0].weight_scale_2 for item in items])
     search_bits = torch.stack([torch.cat([q.weight_scale.view(torch.uint8) for q in item.search]) for item in items])
-    codes, bits, _ = gptq_quantize(target, hessian, scale_2, search_bits)
+    codes, bits, _ = gptq_quantize(target, hessian, scale_2, search_bits, **options.solver_keywords())
     out = []
     for e, item in enumerate(items):
         tensors, start = [], 0
@@ -83,7 +88,7 @@ def refine_served(items: Sequence[RefineInput], *, dense_target: bool = True) ->
     return out
 
 
-METHOD = ScaleMethodSpec(
+PLUGIN = ScaleMethodSpec(
     name="gptq-w4a4",
     description=(
         "int4-aware's tensor scale, then GPTQ for the served W4A4 layer: Hessian E[x~x~ᵀ] of the NVFP4-quantized "
@@ -95,4 +100,6 @@ METHOD = ScaleMethodSpec(
     search=INT4_AWARE_SEARCH,
     statistics=StatisticsNeed.W4A4_HESSIAN,
     refine=refine_served,
+    options_model=GptqOptions,
+    paths=(ExecutionPath.CPU_REFERENCE, ExecutionPath.TORCH_CUDA, ExecutionPath.TRITON),
 )

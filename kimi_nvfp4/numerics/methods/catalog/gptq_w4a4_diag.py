@@ -15,16 +15,19 @@ from collections.abc import Sequence
 
 from ...nvfp4 import NVFP4Tensor
 from ..output_aware.refine import RefineInput
-from ..registry import ScaleMethodSpec, StatisticsNeed
+from ..registry import ExecutionPath, ScaleMethodSpec, StatisticsNeed
+from .gptq import GptqOptions
 from .gptq_w4a4 import refine_served
 from .int4_aware import INT4_AWARE_SEARCH
 
 
-def refine_served_channel_gain(items: Sequence[RefineInput]) -> list[list[NVFP4Tensor]]:
-    return refine_served(items, dense_target=False)
+def refine_served_channel_gain(
+    items: Sequence[RefineInput], options: GptqOptions | None = None
+) -> list[list[NVFP4Tensor]]:
+    return refine_served(items, options, dense_target=False)
 
 
-METHOD = ScaleMethodSpec(
+PLUGIN = ScaleMethodSpec(
     name="gptq-w4a4-diag",
     description=(
         "gptq-w4a4 with a per-input-channel Wiener gain E[x_j x~_j]/E[x~_j²] on the INT4 weights instead of the dense "
@@ -35,4 +38,6 @@ METHOD = ScaleMethodSpec(
     search=INT4_AWARE_SEARCH,
     statistics=StatisticsNeed.W4A4_HESSIAN,
     refine=refine_served_channel_gain,
+    options_model=GptqOptions,
+    paths=(ExecutionPath.CPU_REFERENCE, ExecutionPath.TORCH_CUDA, ExecutionPath.TRITON),
 )

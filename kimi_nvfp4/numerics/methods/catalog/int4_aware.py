@@ -33,7 +33,7 @@ INT4_AWARE_RULE = CandidateRule(
 )
 INT4_AWARE_SEARCH = BlockSearch(INT4_AWARE_RULE, INT4_AWARE_RULE.tensor_scale_headroom)
 
-METHOD = ScaleMethodSpec(
+PLUGIN = ScaleMethodSpec(
     name="int4-aware",
     description=(
         "per 16-value block, the best of a few E4M3 scales derived from the INT4 codes and group scale (ModelOpt's "

@@ -70,18 +70,19 @@ def live_channel_hessian(hessian: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 
 
 def dampened_cholesky(
-    h: torch.Tensor, mean: torch.Tensor, damping: float
+    h: torch.Tensor, mean: torch.Tensor, damping: float, *, retries: int = DAMPING_RETRIES,
+    growth: float = DAMPING_GROWTH,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Lower Cholesky factors of `h + damping * mean * I` `[E, n, n]`, the damping grown by DAMPING_GROWTH for the
-    experts whose factorisation failed, up to DAMPING_RETRIES times: yields `(experts, lower)` per attempt that
+    """Lower Cholesky factors of `h + damping * mean * I` `[E, n, n]`, the damping grown by `growth` for the
+    experts whose factorisation failed, up to `retries` times: yields `(experts, lower)` per attempt that
     factorised some (indices `[k]`, factors `[k, n, n]`); experts never yielded stayed indefinite."""
     eye = torch.eye(h.shape[-1], dtype=h.dtype, device=h.device)
     ok = torch.zeros(h.shape[0], dtype=torch.bool, device=h.device)
-    for attempt in range(DAMPING_RETRIES + 1):
+    for attempt in range(retries + 1):
         todo = (~ok).nonzero().reshape(-1)
         if not todo.numel():
             return
-        extra = damping * DAMPING_GROWTH**attempt * mean[todo]
+        extra = damping * growth**attempt * mean[todo]
         lower, info = torch.linalg.cholesky_ex(h[todo] + extra.view(-1, 1, 1) * eye)
         good = info == 0
         if bool(good.any()):
@@ -89,9 +90,12 @@ def dampened_cholesky(
             yield todo[good], lower[good]
 
 
-def inverse_hessian_factor(hessian: torch.Tensor, damping: float = HESSIAN_DAMPING) -> tuple[torch.Tensor, torch.Tensor]:
+def inverse_hessian_factor(
+    hessian: torch.Tensor, damping: float = HESSIAN_DAMPING, *, retries: int = DAMPING_RETRIES,
+    growth: float = DAMPING_GROWTH,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(U, ok): the upper Cholesky factor of the dampened inverse Hessian `[E, in, in]`, and a bool `[E]` that is
-    False where no damping up to `damping * 10**4` made H positive definite (U is then the identity).
+    False where no damping up to `damping * growth**retries` made H positive definite (U is then the identity).
 
     With J the reversal permutation and J H J = L L^T, H^-1 = (J L^-T J)(J L^-1 J), a product of a lower
     triangular matrix and its transpose, so U = J L^-1 J (Cholesky factors are unique): one factorisation and one
@@ -102,7 +106,7 @@ def inverse_hessian_factor(hessian: torch.Tensor, damping: float = HESSIAN_DAMPI
     eye = torch.eye(h.shape[-1], dtype=h.dtype, device=h.device)
     factor = torch.zeros_like(h)
     ok = torch.zeros(h.shape[0], dtype=torch.bool, device=h.device)
-    for experts, lower in dampened_cholesky(h.flip(-2, -1), mean, damping):
+    for experts, lower in dampened_cholesky(h.flip(-2, -1), mean, damping, retries=retries, growth=growth):
         inverse = torch.linalg.solve_triangular(lower, eye.expand(experts.numel(), -1, -1), upper=False)
         factor[experts] = inverse.flip(-2, -1)
         ok[experts] = True
@@ -110,13 +114,15 @@ def inverse_hessian_factor(hessian: torch.Tensor, damping: float = HESSIAN_DAMPI
     return factor, ok
 
 
-def _block_candidates(weight: torch.Tensor, search_bits: torch.Tensor, weight_scale_2: torch.Tensor) -> torch.Tensor:
+def _block_candidates(
+    weight: torch.Tensor, search_bits: torch.Tensor, weight_scale_2: torch.Tensor, window: tuple[int, int]
+) -> torch.Tensor:
     """uint8 `[C, E, R]`: the search's bits, then the window around each updated block's amax/6 scale."""
     amax = weight.abs().amax(dim=-1).to(torch.float32)  # [E, R]
     target = amax / (E2M1_MAX * weight_scale_2.view(-1, 1))
     centre = e4m3_bits(round_block_scale_to_e4m3(target)).to(torch.int16)
-    window = [(centre + o).clamp(E4M3_MIN_POSITIVE_BITS, E4M3_MAX_BITS) for o in range(SCALE_WINDOW[0], SCALE_WINDOW[1] + 1)]
-    return torch.stack([search_bits.to(torch.int16)] + window).to(torch.uint8)
+    around = [(centre + o).clamp(E4M3_MIN_POSITIVE_BITS, E4M3_MAX_BITS) for o in range(window[0], window[1] + 1)]
+    return torch.stack([search_bits.to(torch.int16)] + around).to(torch.uint8)
 
 
 def _quantized(weight: torch.Tensor, divisor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,11 +133,12 @@ def _quantized(weight: torch.Tensor, divisor: torch.Tensor) -> tuple[torch.Tenso
 
 
 def _choose_block_scales(
-    weight: torch.Tensor, cost: torch.Tensor, search_bits: torch.Tensor, weight_scale_2: torch.Tensor
+    weight: torch.Tensor, cost: torch.Tensor, search_bits: torch.Tensor, weight_scale_2: torch.Tensor,
+    window: tuple[int, int] = SCALE_WINDOW,
 ) -> torch.Tensor:
     """uint8 `[E, R]`: per row of a 16-column block `weight` `[E, R, 16]`, the candidate with the least
     `sum_j cost_j * (w_j - q_j)**2` (`cost` `[E, 16]`); the search's bits on a tie, else the first minimum."""
-    bits = _block_candidates(weight, search_bits, weight_scale_2)  # [C, E, R]
+    bits = _block_candidates(weight, search_bits, weight_scale_2, window)  # [C, E, R]
     divisor = (e4m3_bits_to_fp32(bits) * weight_scale_2.view(1, -1, 1)).unsqueeze(-1)  # [C, E, R, 1] fp32
     # E2M1 rounding is sign-symmetric, so |w - q| = | |w| - e2m1(|w| / d) * d |.
     magnitude = weight.abs().unsqueeze(0)
@@ -159,18 +166,20 @@ def _block_columns_reference(
         errors[..., j] = error
 
 
-def _fused_block_kernel(device: torch.device):
-    """numerics/gptq_block_kernel.py on CUDA where Triton is installed and USE_FUSED_GPTQ, else None."""
-    if device.type != "cuda" or not USE_FUSED_GPTQ:
+def _fused_block_kernel(device: torch.device, fused: bool):
+    """numerics/gptq_block_kernel.py on CUDA where Triton is installed and `fused`, else None."""
+    if device.type != "cuda" or not fused:
         return None
     return triton_module("gptq_block_kernel")
 
 
 def gptq_quantize(
     weight: torch.Tensor, hessian: torch.Tensor, weight_scale_2: torch.Tensor, search_bits: torch.Tensor,
-    *, block_columns: int = BLOCK_COLUMNS,
+    *, block_columns: int = BLOCK_COLUMNS, damping: float = HESSIAN_DAMPING, retries: int = DAMPING_RETRIES,
+    growth: float = DAMPING_GROWTH, scale_window: tuple[int, int] = SCALE_WINDOW, fused: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """GPTQ over a batch of experts (module docstring).
+    """GPTQ over a batch of experts (module docstring). The keywords are `catalog/gptq.py`'s `GptqOptions`
+    (their defaults are this module's constants; `fused=None` means USE_FUSED_GPTQ).
 
     :param weight: float64 `[E, R, in]`, the exact INT4 values (rows of the matrices sharing this input).
     :param hessian: float64 `[E, in, in]`, `X^T X / n` per expert (undampened).
@@ -182,13 +191,13 @@ def gptq_quantize(
     if block_columns % NVFP4_BLOCK_SIZE:
         raise ValueError(f"block_columns {block_columns} is not a multiple of {NVFP4_BLOCK_SIZE}")
     experts, rows, in_features = weight.shape
-    upper, ok = inverse_hessian_factor(hessian)
+    upper, ok = inverse_hessian_factor(hessian, damping, retries=retries, growth=growth)
     upper = upper.to(weight.dtype)
     work = weight.clone()
     codes = torch.empty((experts, rows, in_features), dtype=torch.uint8, device=weight.device)
     bits = torch.empty((experts, rows, in_features // NVFP4_BLOCK_SIZE), dtype=torch.uint8, device=weight.device)
     diagonal = upper.diagonal(dim1=-2, dim2=-1)  # [E, in]
-    kernel = _fused_block_kernel(weight.device)
+    kernel = _fused_block_kernel(weight.device, USE_FUSED_GPTQ if fused is None else fused)
     scale_2 = weight_scale_2.view(-1, 1)
     for start in range(0, in_features, block_columns):
         stop = min(in_features, start + block_columns)
@@ -202,7 +211,7 @@ def gptq_quantize(
             pivots = diagonal[:, column : column + NVFP4_BLOCK_SIZE]
             block_bits = _choose_block_scales(
                 batch[..., block_start:block_stop], 1.0 / (pivots * pivots),
-                search_bits[..., column // NVFP4_BLOCK_SIZE], weight_scale_2,
+                search_bits[..., column // NVFP4_BLOCK_SIZE], weight_scale_2, scale_window,
             )
             bits[..., column // NVFP4_BLOCK_SIZE] = block_bits
             divisor = e4m3_bits_to_fp32(block_bits) * scale_2  # [E, R] fp32, as dequantize forms it

@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import torch
 
-from .gptq_solver import HESSIAN_DAMPING, dampened_cholesky, live_channel_hessian
+from .gptq_solver import DAMPING_GROWTH, DAMPING_RETRIES, HESSIAN_DAMPING, dampened_cholesky, live_channel_hessian
 
 __all__ = ["served_target"]
 
 
 def served_target(
-    weight: torch.Tensor, cross: torch.Tensor, quantized_hessian: torch.Tensor, damping: float = HESSIAN_DAMPING
+    weight: torch.Tensor, cross: torch.Tensor, quantized_hessian: torch.Tensor, damping: float = HESSIAN_DAMPING,
+    *, retries: int = DAMPING_RETRIES, growth: float = DAMPING_GROWTH,
 ) -> torch.Tensor:
     """float64 `[E, R, in]`: `W + W (C - H~)(H~ + dI)^-1` per expert (module docstring).
 
@@ -48,6 +49,6 @@ def served_target(
     # (W (C - H~))^T: right-hand sides for the symmetric system (H~ + dI) X^T = (W (C - H~))^T, W' = W + X
     rhs = torch.bmm(weight, cross - quantized_hessian).transpose(-2, -1)
     target = weight.clone()
-    for experts, lower in dampened_cholesky(h, mean, damping):
+    for experts, lower in dampened_cholesky(h, mean, damping, retries=retries, growth=growth):
         target[experts] += torch.cholesky_solve(rhs[experts], lower).transpose(-2, -1)
     return target

@@ -119,9 +119,11 @@ def weighted_block_bits(
     return chosen.view(m.shape[0], m.shape[1] // NVFP4_BLOCK_SIZE)
 
 
-def refine_by_channel_energy(m: Int4Matrix, search: NVFP4Tensor, energy: torch.Tensor) -> NVFP4Tensor:
+def refine_by_channel_energy(
+    m: Int4Matrix, search: NVFP4Tensor, energy: torch.Tensor, window: tuple[int, int] = WINDOW
+) -> NVFP4Tensor:
     """`search` with each block's scale re-chosen by `weighted_block_bits` (same tensor scale), encoded."""
     scale_2 = search.weight_scale_2.to(m.device)
-    bits = weighted_block_bits(m, search.weight_scale.view(torch.uint8).to(m.device), scale_2, energy)
+    bits = weighted_block_bits(m, search.weight_scale.view(torch.uint8).to(m.device), scale_2, energy, window)
     packed = encode_by_lookup(m, BlockKeys.of(m), bits, scale_2) if cpu_tables_apply(m) else encode_rows(m, bits, scale_2)
     return NVFP4Tensor(packed, bits.view(torch.float8_e4m3fn), scale_2)

@@ -45,7 +45,8 @@ __all__ = [
     "supports",
 ]
 
-# 16-blocks per program: one block per thread with 4 warps; tuned on the H200 (docs/benchmarks.md).
+# 16-blocks per program: one block per thread with 4 warps (bench/tune_triton_search.py sweeps these; no result
+# file records a tuning run yet, so the values are a starting point, not a measured optimum).
 BLOCKS_PER_PROGRAM = 128
 _NUM_WARPS = 4
 # Triton compiles `a * b + c` into one fused multiply-add unless told not to; the torch path rounds twice.

@@ -1,19 +1,92 @@
-"""What the stage adapters share: a section's options, the manifest record, the INT4 source, summary lines."""
+"""What a stage offers `kimi-nvfp4 run`, and what its adapter shares with the others.
+
+Each pipeline stage keeps its adapter in its own package (`<stage>/stage.py`, named by its entry in
+kimi_nvfp4/registry.py): a class with a `name` (its pipeline.toml section and manifest record), a `Section` model
+(the stage's options model plus pipeline-only keys such as `enabled`) and the runner's `Stage` protocol below,
+which turns its section into the stage's options and calls the stage's Python API. The runner (pipeline/runner.py)
+only orchestrates: order, resume, first failure, summary.
+
+The adapters see the pipeline's configuration only through `PipelineSections` (a top-level `device` and one
+section per stage), so nothing here or in a stage imports the pipeline package.
+"""
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
-from ...checkpoint.manifest import MANIFEST_NAME, ConversionManifest, StageRecord, load_manifest, save_manifest
-from ...errors import CheckpointError
-from ...stage_options import StageOptions
-from ..stage import StageContext, StageOutcome, settings_match
+from ..checkpoint.manifest import MANIFEST_NAME, ConversionManifest, StageRecord, load_manifest, save_manifest
+from ..errors import CheckpointError, GateFailure
+from ..stage_options import StageOptions
 
 OptionsT = TypeVar("OptionsT", bound=StageOptions)
 # Agent sessions over the installed stdlib (data/loaders.py `resolve_data_spec`): data that every machine has.
 DEFAULT_DATA = "builtin"
+
+
+class PipelineSections(Protocol):
+    """What an adapter reads of pipeline.toml (pipeline/config.py's `PipelineConfig` is one)."""
+
+    device: str
+
+    def section(self, stage_name: str) -> Any:
+        """The `[stage_name]` section: the stage's `Section` model."""
+
+
+@dataclass
+class StageContext:
+    source: Path  # as given: a local folder, or a Hub repo id that convert downloads
+    output: Path
+    config: PipelineSections
+    report_dir: Path
+    progress: bool = True
+
+
+@dataclass
+class StageOutcome:
+    """What a stage returned. `ok=False` is a failed gate (exit `exit_code`); errors are raised instead."""
+
+    ok: bool = True
+    summary: str = ""  # one line for the summary table
+    exit_code: int = 0
+    details: dict[str, Any] = field(default_factory=dict)  # JSON-able; goes into pipeline_summary.json
+
+    @classmethod
+    def gate_failed(cls, summary: str, **details: Any) -> StageOutcome:
+        return cls(ok=False, summary=summary, exit_code=GateFailure.exit_code, details=details)
+
+
+@runtime_checkable
+class Stage(Protocol):
+    name: str
+
+    def settings(self, ctx: StageContext) -> dict[str, Any]:
+        """Device-independent options that determine the stage's output (what resume compares)."""
+
+    def completed_settings(self, ctx: StageContext) -> dict[str, Any] | None:
+        """Settings of the last COMPLETE run recorded in the output folder, or None."""
+
+    def run(self, ctx: StageContext) -> StageOutcome:
+        """Do the work; raise a KimiNvfp4Error on bad input, return ok=False for a failed gate."""
+
+    def mark_complete(self, ctx: StageContext, settings: dict[str, Any], outcome: StageOutcome) -> None:
+        """Make sure the output folder records this run as complete with `settings` (if the stage did not)."""
+
+
+def normalise(value: Any) -> Any:
+    """JSON round trip: tuples become lists, Paths strings, so recorded and wanted settings compare equal."""
+    return json.loads(json.dumps(value, default=str, sort_keys=True))
+
+
+def settings_match(recorded: dict[str, Any] | None, wanted: dict[str, Any]) -> bool:
+    """True when every wanted setting was recorded with the same value (extra recorded keys are the stage's own)."""
+    if recorded is None:
+        return False
+    recorded, wanted = normalise(recorded), normalise(wanted)
+    return all(key in recorded and recorded[key] == value for key, value in wanted.items())
 
 
 def section_options(ctx: StageContext, section: StageOptions, options_type: type[OptionsT]) -> OptionsT:
@@ -62,10 +135,9 @@ def gates_line(gates: list[Any], failed: list[Any]) -> str:
 
 
 class ManifestRecordedStage:
-    """A stage that records itself in `manifest.stages[name]` (calibrate, validate, serve-check, publish).
-
-    Subclasses set `name` and `Section` (their pipeline.toml section model) and implement `settings` and `run`.
-    """
+    """A stage that records itself in `manifest.stages[name]` (calibrate, requantize, validate, serve-check,
+    publish). Subclasses set `name` and `Section` (their pipeline.toml section model) and implement `settings`
+    and `run`."""
 
     name: ClassVar[str] = ""
 

@@ -6,9 +6,18 @@ from typing import Any
 
 from pydantic import Field
 
-from ...validate import ValidateOptions, validate_checkpoint
-from ..stage import StageContext, StageOutcome
-from .base import DEFAULT_DATA, ManifestRecordedStage, gates_line, local_source, scalar_fields, section_options
+from ..stage_kit.pipeline_stage import (
+    DEFAULT_DATA,
+    ManifestRecordedStage,
+    StageContext,
+    StageOutcome,
+    gates_line,
+    local_source,
+    scalar_fields,
+    section_options,
+)
+from .api import validate_checkpoint
+from .options import ValidateOptions
 
 
 class ValidateSection(ValidateOptions):

@@ -6,11 +6,11 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from ...checkpoint.writer import write_bytes_atomic
-from ...publish import PublishOptions, publish_checkpoint
-from ...publish.files import format_size
-from ..stage import StageContext, StageOutcome
-from .base import ManifestRecordedStage, section_options
+from ..checkpoint.writer import write_bytes_atomic
+from ..stage_kit.pipeline_stage import ManifestRecordedStage, StageContext, StageOutcome, section_options
+from .api import publish_checkpoint
+from .files import format_size
+from .options import PublishOptions
 
 CARD_PREVIEW_NAME = "model_card_preview.md"
 

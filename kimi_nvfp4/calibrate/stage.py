@@ -6,10 +6,19 @@ from typing import Any
 
 from pydantic import Field
 
-from ...calibrate import CalibrateOptions, calibrate_checkpoint
-from ...requantize.options import expert_stats_mode_for
-from ..stage import StageContext, StageOutcome
-from .base import DEFAULT_DATA, ManifestRecordedStage, key_values, local_source, scalar_fields, section_options
+from ..stage_kit.pipeline_stage import (
+    DEFAULT_DATA,
+    ManifestRecordedStage,
+    StageContext,
+    StageOutcome,
+    key_values,
+    local_source,
+    scalar_fields,
+    section_options,
+)
+from .api import calibrate_checkpoint
+from .expert_stats import expert_stats_mode_for
+from .options import CalibrateOptions
 
 
 class CalibrateSection(CalibrateOptions):

@@ -5,10 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ...checkpoint.manifest import SourceRecord
-from ...convert import ConvertOptions, convert_checkpoint
-from ..stage import StageContext, StageOutcome
-from .base import key_values, load_manifest_or_none, scalar_fields, section_options
+from ..checkpoint.manifest import SourceRecord
+from ..stage_kit.pipeline_stage import (
+    StageContext,
+    StageOutcome,
+    key_values,
+    load_manifest_or_none,
+    scalar_fields,
+    section_options,
+)
+from .api import convert_checkpoint
+from .options import ConvertOptions
 
 
 class ConvertSection(ConvertOptions):

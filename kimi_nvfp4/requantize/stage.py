@@ -1,13 +1,21 @@
 """The requantize stage in the pipeline: off by default; when on, calibrate also records the expert statistics
-its method needs (stages/calibrate.py), and this stage rewrites the expert shards after calibrate."""
+its method needs (calibrate/stage.py), and this stage rewrites the expert shards after calibrate."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ...requantize import RequantizeOptions, requantize_checkpoint
-from ..stage import StageContext, StageOutcome
-from .base import ManifestRecordedStage, key_values, local_source, scalar_fields, section_options
+from ..stage_kit.pipeline_stage import (
+    ManifestRecordedStage,
+    StageContext,
+    StageOutcome,
+    key_values,
+    local_source,
+    scalar_fields,
+    section_options,
+)
+from .api import requantize_checkpoint
+from .options import RequantizeOptions
 
 
 class RequantizeSection(RequantizeOptions):

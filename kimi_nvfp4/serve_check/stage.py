@@ -7,9 +7,16 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from ...serve_check.options import ServeCheckOptions
-from ..stage import StageContext, StageOutcome
-from .base import ManifestRecordedStage, gates_line, scalar_fields, section_options
+from ..stage_kit.device_type import OptionalDevice
+from ..stage_kit.pipeline_stage import (
+    ManifestRecordedStage,
+    StageContext,
+    StageOutcome,
+    gates_line,
+    scalar_fields,
+    section_options,
+)
+from .options import ServeCheckOptions
 
 
 class ServeCheckSection(ServeCheckOptions):
@@ -18,7 +25,7 @@ class ServeCheckSection(ServeCheckOptions):
     enabled: bool = False
     reference: bool = Field(False, description="serve the checkpoint through the in-process reference emulator")
     no_load: bool = Field(False, description="quality checks only (no load sweep)")
-    device: str | None = Field(None, description="device of the reference emulator (default: the pipeline's)")
+    device: OptionalDevice = Field(None, description="device of the reference emulator (default: the pipeline's)")
 
     @model_validator(mode="after")
     def _one_target(self) -> ServeCheckSection:
@@ -54,12 +61,12 @@ class ServeCheckStage(ManifestRecordedStage):
         return ServeCheckOptions.build(options, {"load": load, **where}, "serve_check")
 
     def run(self, ctx: StageContext) -> StageOutcome:
-        from ...serve_check.api import run_serve_check
+        from .api import run_serve_check
 
         section = ctx.config.section(self.name)
         if section.reference:
-            from ...serve_check.engine import EmulatorEngine
-            from ...serve_check.reference_server import ReferenceServer
+            from .engine import EmulatorEngine
+            from .reference_server import ReferenceServer
 
             engine = EmulatorEngine(ctx.output, device=_emulator_device(section.device or ctx.config.device))
             with ReferenceServer(engine) as server:
