@@ -8,7 +8,7 @@ import pytest
 
 from kimi_nvfp4.cli import main
 from kimi_nvfp4.engine_check import cli as engine_cli
-from kimi_nvfp4.engine_check.report import BuildDevice, Engine, EngineCheckReport, ValueCheck
+from kimi_nvfp4.engine_check.report import BuildDevice, EngineCheckReport, ValueCheck
 from kimi_nvfp4.engine_check.sglang_session import sglang_version
 from kimi_nvfp4.errors import EngineUnavailableError
 
@@ -42,7 +42,7 @@ def test_missing_engine_exits_8(monkeypatch, tmp_path, capsys):
 
 
 def test_a_miss_exits_1_and_is_printed(monkeypatch, tmp_path, capsys):
-    report = EngineCheckReport(engine=Engine.SGLANG, engine_version="0.5.23", checkpoint=str(tmp_path),
+    report = EngineCheckReport(engine="sglang", engine_version="0.5.23", checkpoint=str(tmp_path),
                                device=BuildDevice.CPU,
                                values=[ValueCheck(name="expert bytes", passed=False, checked=1, detail="differ")])
     monkeypatch.setattr(engine_cli, "check_engine", lambda *a, **k: report)
