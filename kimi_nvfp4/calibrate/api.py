@@ -33,6 +33,7 @@ from ..model.linear import NVFP4Linear
 from ..model.runner import CUDA_MAX_CHUNK_TOKENS, DEFAULT_MAX_CHUNK_TOKENS
 from ..stage_kit.device import AUTO_DTYPE, PhaseClock, dtype_name, resolve_device, resolve_dtype, synchronize
 from .options import DEFAULT_SAMPLES, DEFAULT_SEQ_LEN, CalibrateOptions
+from ..stage_kit.output_paths import require_writable_dir
 from ..stage_kit.pairing import require_converted, require_matching_source
 from .policy import (
     EXPERT_INPUT_GROUPS,
@@ -327,6 +328,8 @@ def calibrate_checkpoint(
     started = time.perf_counter()
     policy = opts.policy
     output, source = Path(output), Path(source)
+    for folder in (output, report_dir) if report_dir is not None else (output,):  # before the first layer
+        require_writable_dir(folder, what="calibrate's output folder")
     out_reader = CheckpointReader(output)
     require_converted(out_reader)
     require_matching_source(CheckpointReader(source), out_reader)

@@ -51,8 +51,9 @@ def test_a_scale_the_engine_does_not_serve_fails_naming_the_layer():
 
 def test_scales_below_one_land_but_are_flagged_as_misserved():
     """SGLang's MLA decode multiplies every score by k_scale: 0.001 lands bit for bit and still breaks the model."""
+    served = float(torch.tensor(0.001))  # SGLang's k_scale_float: the float32 checkpoint value as a Python float
     scales = {n: 0.001 for n in _names(0)}
-    landed, floor = check_kv_cache_scales(_model({0: (0.001, 0.001)}), _reader(scales))
+    landed, floor = check_kv_cache_scales(_model({0: (served, served)}), _reader(scales))
     assert landed.passed
     assert not floor.passed and "layer 0 k_scale 0.001" in floor.detail and "layer 0 v_scale" in floor.detail
 
