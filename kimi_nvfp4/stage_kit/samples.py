@@ -50,6 +50,20 @@ class SampleSet:
         return sum(int(s.numel()) for s in self.sequences)
 
 
+def _why_no_sequence(chosen, tokenizer, seq_len: int, exclude) -> str:
+    """The reason behind an empty rendering, for the error: every window duplicated a calibration window, or the
+    sessions are too short to make a window at all."""
+    if exclude:
+        from ..data.render import render_sessions  # as load_sample_set: the data package loads on first use
+
+        without = [s for s in render_sessions(chosen, tokenizer, seq_len) if s.numel() >= 2]
+        if without:
+            return (f": all {len(without)} of their windows duplicate calibration windows (the held-out part drops "
+                    "every window the calibration part also has, so shared text is never on both sides); give "
+                    "sessions that differ from the calibration ones, more sessions, or another --seq-len")
+    return f": the {len(chosen)} sessions are too short to make a window of 2+ tokens"
+
+
 def load_sample_set(
     checkpoint: str | Path,
     data: str,
@@ -103,7 +117,8 @@ def load_sample_set(
     sequences = [s.to(torch.long) for s in render_sessions(chosen, tokenizer, seq_len, exclude=exclude)
                  if s.numel() >= 2]
     if not sequences:
-        raise DataError(f"--data {data!r}: the {part.value} sessions rendered to no sequence of 2+ tokens")
+        raise DataError(f"--data {data!r}: the {part.value} sessions rendered to no sequence of 2+ tokens"
+                        + _why_no_sequence(chosen, tokenizer, seq_len, exclude))
     order = list(range(len(sequences)))
     random.Random(seed).shuffle(order)
     picked = [sequences[i] for i in sorted(order[:samples])]

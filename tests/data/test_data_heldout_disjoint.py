@@ -44,3 +44,24 @@ def test_heldout_windows_are_disjoint_from_calibration_and_distinct(seed):
     assert len(calibration) == len(set(calibration))
     assert len(heldout) == len(set(heldout))
     assert not set(heldout) & set(calibration)
+
+
+
+def test_heldout_of_only_duplicate_windows_says_why(tmp_path):
+    """Held-out sessions whose every window is a calibration window (here: the same session on both sides) render
+    to nothing; the error says that is why, rather than only that nothing was rendered."""
+    import json
+
+    from kimi_nvfp4.data.loaders import load_jsonl
+    from kimi_nvfp4.data.render import render_sessions
+    from kimi_nvfp4.stage_kit.samples import _why_no_sequence
+
+    record = {"messages": [{"role": "user", "content": "list the files in src please"},
+                           {"role": "assistant", "content": "Here they are: main.py, util.py and test.py."}]}
+    path = tmp_path / "one.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    convs = load_jsonl(path).conversations
+    tok = load_tokenizer(DEMO_CHECKPOINT)
+    assert not [s for s in render_sessions(convs, tok, 16, exclude=convs) if s.numel() >= 2]
+    assert "duplicate calibration windows" in _why_no_sequence(convs, tok, 16, convs)
+    assert "too short" in _why_no_sequence([], tok, 16, ())
