@@ -205,7 +205,7 @@ CATALOGUE: list[Corruption] = [
                     "would not start"), VL: PASS},
     ),
     Corruption(
-        "KV scales under an unmapped name", "k_proj.k_scale / v_proj.v_scale renamed to .kv_scale", "w4a4",
+        "KV scales under an unmapped name", "k_proj.k_scale / v_proj.v_scale renamed to k_kvscale / v_kvscale", "w4a4",
         _each(KV_SCALE, _rename("_scale", "_kvscale"), first_only=False),
         {SG: Expect(Outcome.MISS, "kvscale", "tensor not read/routed"), VL: PASS},
     ),
