@@ -7,6 +7,7 @@ Commands are imported lazily so `kimi-nvfp4 --help` stays fast and a stage's hea
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 
@@ -80,6 +81,21 @@ def _launch_distributed(gpus: int, rest: list[str]) -> int:
     return subprocess.call(torchrun_command(gpus, rest))
 
 
+def _in_torchrun_job() -> bool:
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1")) > 1
+    except ValueError:
+        return False
+
+
+def _leave_job(*, wait_for_peers: bool) -> None:
+    """distributed.shutdown (imported only under torchrun: it imports torch): without it rank 0 aborted with
+    "terminate called without an active exception" at exit in some runs, after the work was done."""
+    from .distributed import shutdown
+
+    shutdown(wait_for_peers=wait_for_peers)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: user-facing errors become one line on stderr and a distinct exit code; any other
     exception is a bug: its traceback, one line saying so, and exit 70 (errors.py `exit_code_for`)."""
@@ -93,9 +109,20 @@ def main(argv: list[str] | None = None) -> None:
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)
+    in_job = _in_torchrun_job()
+    if in_job and os.environ.get("RANK", "0") != "0":
+        # under torchrun every rank runs the command; rank 0 alone prints its summary (errors still reach stderr)
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives until the process exits
     try:
-        # standalone_mode=False returns a command's ctx.exit(code) value instead of exiting.
-        code = cli.main(args=argv, standalone_mode=False)
+        try:
+            # standalone_mode=False returns a command's ctx.exit(code) value instead of exiting.
+            code = cli.main(args=argv, standalone_mode=False)
+        except BaseException:
+            if in_job:
+                _leave_job(wait_for_peers=False)  # a failing rank must not wait at a barrier its peers never reach
+            raise
+        if in_job:
+            _leave_job(wait_for_peers=True)
     except KimiNvfp4Error as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(exit_code_for(e))

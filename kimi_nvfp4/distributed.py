@@ -127,6 +127,34 @@ def rank_context(device: torch.device | str | None = None) -> RankContext:
     return RankContext(rank, world, local)
 
 
+def is_main_process() -> bool:
+    """Rank 0, or not under torchrun: the one process of a job that prints summaries (from torchrun's environment,
+    so it holds before the process group is joined)."""
+    return _env_int(ENV_WORLD_SIZE, 1) <= 1 or _env_int(ENV_RANK, 0) == 0
+
+
+def shutdown(*, wait_for_peers: bool = True) -> None:
+    """Leave the job cleanly before the interpreter exits: join this process's layer-prefetch threads, wait at a
+    barrier for every rank to finish, then destroy the process group.
+
+    A gloo process group left alive at exit is torn down by static destructors while its own threads (and a
+    peer's last send) may still run; a joinable std::thread destroyed that way is `std::terminate`: "terminate
+    called without an active exception", SIGABRT, torchrun exit 1 after the work was done. Destroying it here,
+    once every rank has arrived, joins those threads while Python still runs. Idempotent; a no-op outside a job.
+    """
+    from .model.runner import close_prefetch_threads
+
+    close_prefetch_threads()
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if wait_for_peers:  # no rank tears its group down while a peer still talks to it (not on failure: no deadlock)
+        try:
+            dist.barrier()
+        except Exception:  # noqa: BLE001 - a peer died (its error is the job's); still release our side
+            pass
+    dist.destroy_process_group()
+
+
 def torchrun_command(gpus: int, argv: Sequence[str]) -> list[str]:
     """`kimi-nvfp4 --gpus N CMD ...` -> the torchrun line that runs CMD on N processes of this node
     (several nodes: run torchrun yourself with --nnodes/--rdzv-endpoint, see docs/distributed.md)."""

@@ -76,3 +76,10 @@ class EngineUnavailableError(KimiNvfp4Error):
     """A serving engine the command drives (check-engine) is not installed or cannot be imported here."""
 
     exit_code = 8
+
+
+class EngineProcessError(KimiNvfp4Error):
+    """A serving engine's check process (check-engine's child) ended without an answer: killed, out of memory, or
+    aborted inside the engine. The message names its exit code (negative: the signal)."""
+
+    exit_code = 11

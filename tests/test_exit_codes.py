@@ -13,6 +13,7 @@ from kimi_nvfp4.errors import (
     INTERNAL_ERROR_EXIT_CODE,
     CheckpointError,
     DeviceError,
+    EngineProcessError,
     EngineUnavailableError,
     GateFailure,
     KimiNvfp4Error,
@@ -100,6 +101,7 @@ def test_an_internal_error_exits_70_with_its_traceback(command, tmp_path, monkey
         (HubAuthError("x"), 7),
         (EngineUnavailableError("x"), 8),
         (ResourceError("x"), 10),
+        (EngineProcessError("x"), 11),
     ],
     ids=lambda v: type(v).__name__ if isinstance(v, Exception) else str(v),
 )

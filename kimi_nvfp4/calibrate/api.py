@@ -42,6 +42,7 @@ from ..stage_kit.memory_plan import (
     rank_tokens,
 )
 from .options import DEFAULT_SAMPLES, DEFAULT_SEQ_LEN, CalibrateOptions
+from ..stage_kit.output_paths import require_writable_dir
 from ..stage_kit.pairing import require_converted, require_matching_source
 from .policy import (
     EXPERT_INPUT_GROUPS,
@@ -336,6 +337,8 @@ def calibrate_checkpoint(
     started = time.perf_counter()
     policy = opts.policy
     output, source = Path(output), Path(source)
+    for folder in (output, report_dir) if report_dir is not None else (output,):  # before the first layer
+        require_writable_dir(folder, what="calibrate's output folder")
     out_reader = CheckpointReader(output)
     require_converted(out_reader)
     require_matching_source(CheckpointReader(source), out_reader)

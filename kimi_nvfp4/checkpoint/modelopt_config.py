@@ -55,6 +55,7 @@ from ..numerics.constants import NVFP4_BLOCK_SIZE
 from ..errors import CheckpointError
 from .layout import CheckpointLayout, parse_expert_name
 from .reader import CONFIG_NAME, CheckpointReader, TensorInfo
+from .scheme_journal import SchemeSwitch, write_scheme_switch
 from .writer import write_json_atomic
 
 HF_QUANT_CONFIG_NAME = "hf_quant_config.json"
@@ -277,13 +278,14 @@ def set_activation_scheme(root: str | Path, scheme: ActivationScheme, *, durable
     """Declare `scheme` in `root`'s hf_quant_config.json and config.json (both levels); True if anything changed.
 
     W4A4 is refused (CheckpointError, nothing written) while an NVFP4 linear lacks its `input_scale` in
-    the index. Each file is replaced atomically, hf_quant_config.json first: SGLang and vLLM read
-    config.json's block first, so a crash in between still declares the old scheme, and re-running
-    finishes the switch.
+    the index. The two files are switched through a journal (scheme_journal.py): a kill at any point leaves
+    the old pair, the new pair, or a journal every reader of ours completes before reading. The order of the
+    two writes still matters to an engine started on a half-switched folder by hand: hf_quant_config.json
+    first, because SGLang and vLLM read config.json's block first, so they keep the old scheme until the end.
     """
     root = Path(root)
     scheme = ActivationScheme(scheme)
-    reader = CheckpointReader(root)
+    reader = CheckpointReader(root)  # finishes an interrupted switch first
     if scheme is ActivationScheme.W4A4:
         missing = nvfp4_modules_without_input_scale(reader)
         if missing:
@@ -298,6 +300,6 @@ def set_activation_scheme(root: str | Path, scheme: ActivationScheme, *, durable
     new_config = rewrite_config_for_nvfp4(config, flat_quantization_config(hf_quant_config))
     if new_config == config and declared_scheme(root) is scheme:
         return False
-    write_json_atomic(root / HF_QUANT_CONFIG_NAME, hf_quant_config, durable=durable)
-    write_json_atomic(root / CONFIG_NAME, new_config, durable=durable)
+    write_scheme_switch(root, SchemeSwitch(quant_algo=scheme.quant_algo, hf_quant_config=hf_quant_config,
+                                           config=new_config), durable=durable)
     return True

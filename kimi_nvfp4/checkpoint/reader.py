@@ -160,6 +160,9 @@ class CheckpointReader:
         self.root = Path(root)
         if not self.root.is_dir():
             raise CheckpointError("checkpoint folder does not exist", file=self.root)
+        from .scheme_journal import recover_scheme_switch  # scheme_journal -> writer -> reader
+
+        recover_scheme_switch(self.root)  # config.json and hf_quant_config.json agree before either is read
         config_path = self.root / CONFIG_NAME
         if not config_path.is_file():
             raise CheckpointError("config.json is missing", file=config_path)

@@ -1,8 +1,9 @@
 """The validate verdict, sealed to the bytes it judged; and the one check publish applies to it.
 
 validate seals its verdict with the sha256 of every shard the checkpoint's index names (calibrate's
-`model-input-scales.safetensors` included) and of the files that tell an engine how to load them
-(config.json, hf_quant_config.json, the index), the gate thresholds it applied, and a fingerprint of the
+`model-input-scales.safetensors` included) and of every other file publish would upload (config.json,
+hf_quant_config.json, the index, tokenizer and chat template, generation config, remote code, any stray file;
+`sealed_files`: all but the card publish writes and the report folders), the gate thresholds it applied, and a fingerprint of the
 held-out data (the `--data` spec, seed, sample count, sequence length and a sha256 over every token id it
 compared). The sealed verdict is stored in the validate report JSON and in the manifest's `stages.validate`.
 
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from ..errors import CheckpointError
 from .manifest import MANIFEST_NAME
@@ -70,6 +71,13 @@ class ValidateVerdict(_Strict):
     input_scale_reduction: str
     sealed_at: str
 
+    @model_validator(mode="after")
+    def _passed_means_no_failed_gate(self) -> "ValidateVerdict":
+        if self.passed and self.failed_gates:
+            raise ValueError(f"passed is true but failed_gates lists {self.failed_gates[:5]}: the verdict contradicts "
+                             "itself")
+        return self
+
 
 class _Settings(Protocol):
     data: str
@@ -109,8 +117,34 @@ def _json_sha256(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+# Uploaded but not sealed: the card publish writes itself (README.md; a source card it keeps as README.source.md),
+# the manifest (it records the verdict itself; publish re-verifies every shard against it and uploads a public
+# copy) and the report folders, whose reports are written after the verdict is sealed.
+UNSEALED_NAMES = ("README.md", "README.source.md", MANIFEST_NAME)
+
+
+def sealed_files(root: Path) -> list[str]:
+    """Every file publish would upload from `root` except the index's shards (sealed on their own) and the
+    unsealed documentation (UNSEALED_NAMES, report folders): one rule with publish (publish/files.py
+    `scan_publish_files`), so a tokenizer, chat template, generation config, remote-code file or stray shard
+    added or changed after validate makes the verdict stale."""
+    from ..publish.files import CALIBRATION_DIR_NAME, REPORT_DIR_NAME, scan_publish_files
+
+    index = root / INDEX_NAME
+    shards: set[str] = set()
+    if index.is_file():
+        try:
+            shards = set((json.loads(index.read_text()).get("weight_map") or {}).values())
+        except (json.JSONDecodeError, AttributeError):
+            shards = set()  # a malformed index is itself sealed (and judged by the reader elsewhere)
+    return [f.path for f in scan_publish_files(root)[0]
+            if f.path not in shards and f.path not in UNSEALED_NAMES
+            and f.path.split("/", 1)[0] not in (REPORT_DIR_NAME, CALIBRATION_DIR_NAME)]
+
+
 def load_file_digests(root: Path) -> dict[str, str]:
-    return {name: sha256_file(root / name) for name in LOAD_FILES if (root / name).is_file()}
+    """sha256 of every sealed file (`sealed_files`: config.json, hf_quant_config.json and the index among them)."""
+    return {name: sha256_file(root / name) for name in sealed_files(Path(root))}
 
 
 def seal_verdict(
@@ -181,7 +215,9 @@ def check_verdict(root: str | Path, manifest: Any) -> VerdictCheck:
     try:
         verdict = ValidateVerdict.model_validate(raw)
     except ValidationError as e:
-        raise CheckpointError(f"stages.validate verdict is malformed ({str(e).splitlines()[0]})",
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "verdict"
+        raise CheckpointError(f"stages.validate verdict is malformed ({where}: {first.get('msg')})",
                               file=root / MANIFEST_NAME) from None
     recorded = {f: r.sha256 for f, r in manifest.shards.items()}
     stale = _stale(verdict, recorded, lambda: load_file_digests(root))

@@ -83,6 +83,8 @@ class ConversionSummary:
     activations: str = ActivationScheme.W4A16.value
     shared_experts: str = SharedExperts.BF16.value  # bf16 (copied) or nvfp4 (quantized; counted in matrices_converted)
     ranks: int = 1  # processes of a torch.distributed run (convert/ranks.py); each converted a share of the shards
+    overwrite_removed: list[str] = field(default_factory=list)  # what --overwrite removed of the earlier conversion
+    overwrite_kept: list[str] = field(default_factory=list)  # what it kept: not in the earlier manifest
 
     @property
     def gb_per_s(self) -> float:
@@ -107,7 +109,17 @@ class ConversionSummary:
             ),
             self._activations_line(),
             f"output: {self.output}",
-        ] + [f"not copied from the source: {f}" for f in self.skipped_files]
+        ] + [f"not copied from the source: {f}" for f in self.skipped_files] + self._overwrite_lines()
+
+    def _overwrite_lines(self) -> list[str]:
+        out = []
+        if self.overwrite_removed:
+            out.append(f"--overwrite removed {len(self.overwrite_removed)} entries of the earlier conversion: "
+                       + ", ".join(self.overwrite_removed))
+        if self.overwrite_kept:
+            out.append(f"--overwrite kept {len(self.overwrite_kept)} entries its manifest does not list: "
+                       + ", ".join(self.overwrite_kept) + " (--overwrite-unlisted removes them)")
+        return out
 
     def _activations_line(self) -> str:
         if self.activations == ActivationScheme.W4A4.value:
@@ -191,7 +203,8 @@ def convert_checkpoint(
     dev = ctx.device(dev)
     # Under torchrun rank 0 alone owns the folder (lock, manifest, finish); see convert/ranks.py.
     with output_lock(output, "convert") if ctx.is_main else contextlib.nullcontext():
-        state, record = _prepare(ctx, output, fresh, {j.file for j in plan.jobs}, overwrite=overwrite, durable=fsync)
+        state, record = _prepare(ctx, output, fresh, {j.file for j in plan.jobs}, overwrite=overwrite, durable=fsync,
+                                 remove_unlisted=opts.overwrite_unlisted)
         todo = [job for job in plan.jobs if job.file not in state.finished]
         results: list[ShardResult] = []
         # A finished conversion is left untouched: calibrate may since have added input scales to its index.
@@ -227,13 +240,16 @@ def convert_checkpoint(
         phase_seconds=_sum_phases(results),
         max_shard_bytes=max((j.input_bytes for j in plan.jobs), default=0),
         skipped_files=[str(f) for f in plan.skipped_files],
+        overwrite_removed=list(state.overwrite_removed),
+        overwrite_kept=list(state.overwrite_kept),
         activations=declared_scheme(output).value,
         shared_experts=opts.shared_experts.value,
     )
 
 
 def _prepare(
-    ctx: RankContext, output: Path, fresh: ConversionManifest, shard_files: set[str], *, overwrite: bool, durable: bool
+    ctx: RankContext, output: Path, fresh: ConversionManifest, shard_files: set[str], *, overwrite: bool, durable: bool,
+    remove_unlisted: bool = False,
 ) -> tuple[OutputState, Any]:
     """The folder's state and this rank's shard recorder (None: nothing to do, the conversion is complete).
 
@@ -243,7 +259,7 @@ def _prepare(
     state, record, error = None, None, None
     if ctx.is_main:
         try:
-            state = prepare_output(output, fresh, overwrite=overwrite)
+            state = prepare_output(output, fresh, overwrite=overwrite, remove_unlisted=remove_unlisted)
             if shard_files - state.finished or not state.was_complete:
                 record = _ShardRecorder(output, state, durable=durable)
             remove_journals(output)  # their shards are in the manifest now (prepare_output)

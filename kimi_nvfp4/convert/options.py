@@ -37,7 +37,10 @@ class ConvertOptions(StageOptions):
         Bf16ScaleRule.AMAX, description="Block scales of NVFP4 shared experts: amax (Model Optimizer's rule) or mse "
                                         "(least weight error near it; never worse). Ignored with --shared-experts "
                                         "bf16.")
-    overwrite: bool = Field(False, description="Replace an earlier conversion made with other settings.")
+    overwrite: bool = Field(False, description="Replace an earlier conversion made with other settings: removes what "
+                                               "its manifest lists and keeps (and names) everything else.")
+    overwrite_unlisted: bool = Field(False, description="With --overwrite: also remove the files and folders the "
+                                                        "earlier conversion's manifest does not list (notes, results).")
     revision: str | None = Field(None, description="Hub revision when SOURCE is a repo id.")
     record_stats: Annotated[bool, Cli("--stats/--no-stats")] = Field(
         True, description="Record each matrix's error against its INT4 values in the manifest (same bytes; slower "

@@ -3,8 +3,11 @@
 - absent or empty: a fresh conversion;
 - holding our manifest with the same settings and source: resume, skipping shards the manifest
   lists as finished (see below);
-- holding our manifest with other settings or another source: refused unless `overwrite`, which
-  empties the folder first (only a folder our manifest marks as ours is ever emptied);
+- holding our manifest with other settings or another source: refused unless `overwrite`, which removes
+  what the earlier conversion wrote (its manifest's shards, the files convert writes, the files it copied from
+  the source, our hidden files) and KEEPS everything else (notes, results a user added), naming both; with
+  `remove_unlisted` (`--overwrite-unlisted`) it empties the folder (only a folder our manifest marks as ours
+  is ever emptied);
 - holding anything else: always refused.
 Our own hidden files never count as foreign content: the folder's lock file and shard stamps, the journals of a
 torch.distributed run's other ranks (convert/ranks.py: their shards are folded into the manifest's records and checked
@@ -26,7 +29,7 @@ does not match is converted again.
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..checkpoint.file_stamps import STAMPS_NAME, FileStamp, load_stamps
@@ -53,6 +56,8 @@ class OutputState:
     finished: set[str]  # shard files already converted with these settings
     resumed: bool
     was_complete: bool = False  # a finished conversion: later stages may have added files and index entries
+    overwrite_removed: list[str] = field(default_factory=list)  # entries --overwrite removed (earlier conversion's)
+    overwrite_kept: list[str] = field(default_factory=list)  # entries it kept: not listed by the earlier manifest
     stamps: dict[str, FileStamp] | None = None  # recorded stamps of the finished shards
 
 
@@ -66,10 +71,31 @@ def _remove(path: Path) -> None:
         raise OutputError(f"file {path}: cannot remove it ({e.strerror or e})") from None
 
 
-def _clear_folder(folder: Path) -> None:
-    for entry in folder.iterdir():
-        if entry.name != LOCK_NAME:  # other processes wait on this very file (checkpoint/output_lock.py)
+# Files convert writes itself besides the manifest's shards (convert/api.py _finish, calibrate's scheme switch)
+_CONVERT_WRITES = frozenset({MANIFEST_NAME, "model.safetensors.index.json", "config.json", "hf_quant_config.json",
+                             ".kimi-nvfp4-scheme-switch.json"})
+
+
+def _listed(name: str, previous: ConversionManifest) -> bool:
+    """Whether the earlier conversion's manifest accounts for `name`: one of its shards (calibrate's included),
+    a file convert writes, a file it copied from the source folder, or our hidden bookkeeping."""
+    source = Path(previous.source.path)
+    return (name in previous.shards or name in _CONVERT_WRITES or _ours(name)
+            or (source.is_dir() and (source / name).is_file()))
+
+
+def _clear_folder(folder: Path, previous: ConversionManifest, *, remove_unlisted: bool) -> tuple[list[str], list[str]]:
+    """Remove the earlier conversion's entries (all entries with `remove_unlisted`); (removed, kept) names."""
+    removed, kept = [], []
+    for entry in sorted(folder.iterdir()):
+        if entry.name == LOCK_NAME:  # other processes wait on this very file (checkpoint/output_lock.py)
+            continue
+        if remove_unlisted or _listed(entry.name, previous):
             _remove(entry)
+            removed.append(entry.name)
+        else:
+            kept.append(entry.name)
+    return removed, kept
 
 
 def _remove_partials(output: Path, entries: list[str]) -> None:
@@ -82,7 +108,8 @@ def _ours(name: str) -> bool:
     return name in _BOOKKEEPING or is_partial_name(name) or is_journal_name(name)
 
 
-def prepare_output(output: Path, fresh: ConversionManifest, *, overwrite: bool) -> OutputState:
+def prepare_output(output: Path, fresh: ConversionManifest, *, overwrite: bool,
+                   remove_unlisted: bool = False) -> OutputState:
     if output.exists() and not output.is_dir():
         raise OutputError(f"file {output}: output exists and is not a folder")
     try:
@@ -112,8 +139,8 @@ def prepare_output(output: Path, fresh: ConversionManifest, *, overwrite: bool) 
                 f"file {output / MANIFEST_NAME}: output was made with other settings or another source "
                 f"(was {previous.settings.model_dump()} from {previous.source.path}); pass --overwrite to replace it"
             )
-        _clear_folder(output)
-        return OutputState(fresh, set(), resumed=False)
+        removed, kept = _clear_folder(output, previous, remove_unlisted=remove_unlisted)
+        return OutputState(fresh, set(), resumed=False, overwrite_removed=removed, overwrite_kept=kept)
     _remove_partials(output, entries)
     same_boot = previous.boot_id is not None and previous.boot_id == current_boot_id()
     digest = conversion_sha256(fresh.settings, fresh.source.fingerprint)

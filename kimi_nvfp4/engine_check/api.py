@@ -7,14 +7,19 @@ from __future__ import annotations
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from ..checkpoint.reader import INDEX_NAME
-from ..errors import CheckpointError, EngineUnavailableError, KimiNvfp4Error, OutputError
+from ..checkpoint.scheme_journal import recover_scheme_switch
+from ..errors import CheckpointError, EngineProcessError, EngineUnavailableError, KimiNvfp4Error, OutputError
+from ..plugins import PluginError
+from ..stage_kit.output_paths import require_writable_dir
 from .checkpoint_view import CheckpointView
+from .engine_registry import DEFAULT_ENGINE, ENGINES
 from .full_size import LISTING_NAME, read_listing
-from .report import BuildDevice, Engine, EngineCheckReport
-from .sglang_session import MOE_BACKEND_FOR_SCHEME, MOE_BACKENDS
+from .report import BuildDevice, EngineCheckReport
 from .worker import CheckAnswer, CheckRequest
 
 DEVICES = ("auto", "cpu", "meta")
@@ -43,10 +48,11 @@ def resolve_device(device: str, view: CheckpointView) -> BuildDevice:
 
 def check_engine(
     checkpoint: str | Path,
-    engine: Engine | str = Engine.SGLANG,
+    engine: str = DEFAULT_ENGINE,
     *,
     device: str = "auto",
-    moe_runner_backend: str = MOE_BACKEND_FOR_SCHEME,
+    moe_runner_backend: str | None = None,
+    options: Mapping[str, Any] | None = None,
     listing: str | Path | None = None,
     report_dir: str | Path | None = None,
 ) -> EngineCheckReport:
@@ -55,16 +61,26 @@ def check_engine(
     :param checkpoint: a converted (and possibly calibrated) checkpoint folder, or with `listing` a folder
         holding only config.json / hf_quant_config.json (full_size.write_full_size_checkpoint)
     :param device: "cpu" (values: sentinel audit, value checks), "meta" (shapes only), or "auto"
-    :param moe_runner_backend: SGLang's --moe-runner-backend; "for-scheme": SGLang's pick on SM100 for a W4A4
-        checkpoint (flashinfer_trtllm), marlin for a weight-only one
+    :param moe_runner_backend: shorthand for the engine option `moe_runner_backend` (SGLang's --moe-runner-backend;
+        "for-scheme", its default: SGLang's pick on SM100 for what SGLang parses as W4A4, marlin for weight-only)
+    :param options: the engine's options (its plugin's options model; `--engine-option KEY=VALUE`)
     :param report_dir: where engine_check_<engine>.{json,md} go (default CHECKPOINT/reports)
     :raises CheckpointError: the folder is not a converted checkpoint (exit 3)
     :raises EngineUnavailableError: the engine is not installed or does not import (exit 8)
+    :raises EngineProcessError: the engine's child process ended without an answer (exit 11)
     """
-    engine = Engine(engine)
-    if moe_runner_backend not in MOE_BACKENDS:
-        raise KimiNvfp4Error(f"--moe-runner-backend must be one of {MOE_BACKENDS}, got {moe_runner_backend!r}")
+    try:
+        driver = ENGINES.get(engine)
+        values = dict(options or {})
+        if moe_runner_backend is not None:
+            values["moe_runner_backend"] = moe_runner_backend
+        parsed = driver.parse_options(values)
+    except PluginError as e:
+        raise KimiNvfp4Error(str(e)) from None
     root = Path(checkpoint).expanduser().resolve()
+    reports = Path(report_dir) if report_dir is not None else root / REPORT_SUBDIR
+    if listing is None and (root / INDEX_NAME).is_file():
+        recover_scheme_switch(root)  # a calibrate killed between the two config writes: finish it first
     if listing is None and (root / LISTING_NAME).is_file() and not (root / INDEX_NAME).is_file():
         listing = root / LISTING_NAME  # a folder written by `check-engine --full-size`
     if listing is not None:
@@ -72,21 +88,26 @@ def check_engine(
     else:
         view = CheckpointView.from_folder(root)
     _ = view.declared_scheme  # a malformed quant_algo fails here (exit 3), before an engine is imported
+    require_writable_dir(reports, what="the engine check's report folder")  # before minutes of engine work
     build = resolve_device(device, view)
     with tempfile.TemporaryDirectory(prefix="kimi-nvfp4-engine-check-") as tmp:
         answer_path = Path(tmp) / "answer.json"
         request = CheckRequest(
-            checkpoint=str(root), engine=engine, device=build, moe_runner_backend=moe_runner_backend,
+            checkpoint=str(root), engine=driver.name, device=build, options=parsed.model_dump(mode="json"),
             listing=str(Path(listing).resolve()) if listing is not None else None, answer=str(answer_path),
         )
         request_path = Path(tmp) / "request.json"
         request_path.write_text(request.model_dump_json())
         proc = subprocess.run([sys.executable, "-m", "kimi_nvfp4.engine_check.worker", str(request_path)], check=False)
         if not answer_path.is_file():
-            raise RuntimeError(f"the {engine.value} check process ended with code {proc.returncode} and no answer")
+            raise EngineProcessError(
+                f"the {driver.name} check process (python -m kimi_nvfp4.engine_check.worker) ended with exit code "
+                f"{proc.returncode} and wrote no answer" + (f" (killed by signal {-proc.returncode})"
+                                                           if proc.returncode < 0 else "")
+            )
         answer = CheckAnswer.model_validate_json(answer_path.read_text())
     if answer.error is not None:
         raise _ERROR_TYPES.get(answer.exit_code, KimiNvfp4Error)(answer.error)
     report = answer.report
-    report.save(Path(report_dir) if report_dir is not None else root / REPORT_SUBDIR)
+    report.save(reports)
     return report

@@ -20,9 +20,18 @@ REPORT_MD = "engine_check_{engine}.md"
 MAX_LISTED = 20  # names shown per list in the Markdown report (the JSON has them all)
 
 
-class Engine(str, Enum):
-    SGLANG = "sglang"
-    VLLM = "vllm"
+class CheckCoverage(str, Enum):
+    """What an engine's check measures; the verdict says which, so a rules-only pass never reads like a loader pass."""
+
+    LOADER = "loader"  # the engine's own weight loaders ran over the checkpoint's tensors: not-read / never-written measured
+    RULES = "rules"  # config parsing, name mapping and exclusion rules only: tensor-level faults are not measured
+
+
+COVERAGE_MEANING = {
+    CheckCoverage.LOADER: "the engine's own model build and weight loaders ran over every tensor",
+    CheckCoverage.RULES: "only the engine's config parsing, name mapping and exclusion rules ran; no weight loader, so "
+    "a renamed, missing, transposed or mistyped tensor is NOT detected",
+}
 
 
 class BuildDevice(str, Enum):
@@ -86,10 +95,11 @@ class ValueCheck(_Model):
 
 
 class EngineCheckReport(_Model):
-    engine: Engine
+    engine: str  # a name in engine_registry.ENGINES
     engine_version: str
     checkpoint: str
     device: BuildDevice
+    coverage: CheckCoverage = CheckCoverage.LOADER
     architecture: str = ""
     declared_scheme: str = ""  # what the checkpoint's config declares: w4a4 / w4a16
     engine_view: dict[str, str] = Field(default_factory=dict)  # how the engine parsed the quantization config
@@ -125,21 +135,31 @@ class EngineCheckReport(_Model):
     def passed(self) -> bool:
         return not self.misses
 
+    @property
+    def verdict(self) -> str:
+        """One line: PASS/FAIL and, for a rules-only check, that it is one (never the same words as a loader pass)."""
+        if not self.passed:
+            return f"FAIL: {len(self.misses)} misses"
+        if self.coverage is CheckCoverage.RULES:
+            return "PASS (rules only): no miss in the config, name-mapping and exclusion rules; no weight loader ran"
+        return "PASS: no miss"
+
     def save(self, folder: str | Path) -> tuple[Path, Path]:
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        name = self.engine.value
+        name = self.engine
         json_path = save_model_json(folder / REPORT_JSON.format(engine=name), self)
         md_path = save_text(folder / REPORT_MD.format(engine=name), self.to_markdown())
         return json_path, md_path
 
     def to_markdown(self) -> str:
-        verdict = "PASS: no miss" if self.passed else f"FAIL: {len(self.misses)} misses"
         lines = [
-            f"# Engine check: {self.engine.value} {self.engine_version} on {self.device.value}",
+            f"# Engine check: {self.engine} {self.engine_version} on {self.device.value}",
             "",
             f"Checkpoint `{self.checkpoint}` ({self.architecture}), declares {self.declared_scheme or '?'}. "
-            f"**{verdict}** ({self.seconds:.1f} s).",
+            f"**{self.verdict}** ({self.seconds:.1f} s).",
+            "",
+            f"Coverage: {self.coverage.value}: {COVERAGE_MEANING[self.coverage]}.",
             "",
         ]
         if self.engine_view or self.settings:

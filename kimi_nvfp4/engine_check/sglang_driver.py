@@ -22,11 +22,11 @@ from ..checkpoint.modelopt_config import INPUT_SCALE_SUFFIX, ActivationScheme
 from ..checkpoint.reader import CheckpointReader
 from .checkpoint_view import CheckpointView
 from .cpu_patches import PatchLog
+from .format_rules import engine_parsed_scheme, format_checks
 from .load_audit import LoadRecorder, fill_sentinels, is_float, unwritten_mask
 from .quant_methods import audit_methods
 from .report import (
     BuildDevice,
-    Engine,
     EngineCheckReport,
     ParameterFinding,
     ParameterVerdict,
@@ -94,10 +94,22 @@ class _Run:
     session: Any
     model: torch.nn.Module
     load_config: Any
+    scheme: ActivationScheme  # what SGLang parsed (is_w4a16), not what hf_quant_config.json says
 
     @property
     def on_cpu(self) -> bool:
         return self.device is BuildDevice.CPU
+
+
+def run_sglang_driver(view: CheckpointView, device: BuildDevice, options: Any) -> EngineCheckReport:
+    """The registry's entry (engines/sglang.py): the MoE backend is chosen for the scheme SGLang will parse, which
+    is config.json's block (configs/model_config.py `_parse_quant_hf_config`), not hf_quant_config.json's."""
+    settings = SglangSettings.for_checkpoint(
+        options.moe_runner_backend,
+        weight_only=engine_parsed_scheme(view) is ActivationScheme.W4A16,
+        kv_cache_fp8=view.kv_cache_quant_algo == "FP8",
+    )
+    return run_sglang_check(view, device, settings)
 
 
 def run_sglang_check(view: CheckpointView, device: BuildDevice, settings: SglangSettings) -> EngineCheckReport:
@@ -110,9 +122,10 @@ def run_sglang_check(view: CheckpointView, device: BuildDevice, settings: Sglang
         from sglang.srt.model_loader import loader as sgl_loader
 
         report = EngineCheckReport(
-            engine=Engine.SGLANG, engine_version=session.version, checkpoint=str(view.root), device=device,
+            engine="sglang", engine_version=session.version, checkpoint=str(view.root), device=device,
             architecture=view.architecture, declared_scheme=declared.value,
         )
+        report.values += format_checks(view)
         mc = session.model_config
         load_config = LoadConfig(load_format="auto")
         try:
@@ -150,7 +163,9 @@ def run_sglang_check(view: CheckpointView, device: BuildDevice, settings: Sglang
         if report.modules.mismatches:
             report.not_run.append("weight loading: skipped, the engine would build parameters for another format")
         else:
-            _load_and_audit(_Run(report, view, device, log, session, model, load_config))
+            # the scheme SGLang will serve: its own parse (config.json first), which may differ from hf_quant_config.json
+            scheme = ActivationScheme.W4A16 if getattr(quant_config, "is_w4a16", False) else ActivationScheme.W4A4
+            _load_and_audit(_Run(report, view, device, log, session, model, load_config, scheme))
     return _finish(report, log, started)
 
 
@@ -164,7 +179,7 @@ def _load_and_audit(run: _Run) -> None:
     from sglang.srt.model_loader import loader as sgl_loader
     from sglang.srt.model_loader.weight_utils import default_weight_loader
 
-    report, view, model, declared = run.report, run.view, run.model, run.view.declared_scheme
+    report, view, model, declared = run.report, run.view, run.model, run.scheme
     params = dict(model.named_parameters(remove_duplicate=False))
     report.parameters_total = len(params)
     optional = {n for n, p in params.items() if getattr(p, ENGINE_OPTIONAL_ATTR, False)}
@@ -218,9 +233,7 @@ def _load_and_audit(run: _Run) -> None:
             report.not_run.append(f"{name} ({calls} calls): GPU kernel, replaced by a recorder")
         _mark_consumed(findings, post.tainted)
         report.values += check_post_load(moe_layers, loaded_scales)
-        kv_scales = check_kv_cache_scales(model, CheckpointReader(view.root))
-        if kv_scales is not None:
-            report.values.append(kv_scales)
+        report.values += check_kv_cache_scales(model, CheckpointReader(view.root))
     else:
         recorder.release()
         report.not_run += [
@@ -250,7 +263,7 @@ def _value_checks_after_load(run: _Run, recorder: LoadRecorder, fused, unexplain
     ))
     run.report.values.append(check_expert_bytes(moe_layers, reader))
     run.report.values.append(check_gate_up_scale_halves(moe_layers))
-    if run.view.declared_scheme is ActivationScheme.W4A4:
+    if run.scheme is ActivationScheme.W4A4:
         run.report.values.append(check_gate_up_input_scales(moe_layers, reader))
 
 
@@ -284,7 +297,7 @@ def _classify(name, param, count, optional, declared) -> ParameterFinding:
                                 reason="optional in SGLang (_skip_weight_check): its post-load code uses 1.0")
     if name.endswith(INPUT_SCALE_SUFFIX.lstrip(".")) and declared is ActivationScheme.W4A16:
         return ParameterFinding(**base, verdict=ParameterVerdict.UNUSED,
-                                reason="weight-only checkpoint: activation scales are not part of it")
+                                reason="SGLang parsed the checkpoint as weight-only: activation scales are not part of it")
     return ParameterFinding(**base, verdict=ParameterVerdict.MISS, reason="no checkpoint tensor reached it")
 
 

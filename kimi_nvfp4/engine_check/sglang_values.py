@@ -17,6 +17,7 @@ import re
 
 import torch
 
+from ..calibrate.kv_cache import MIN_FP8_KV_SCALE
 from ..checkpoint.reader import CheckpointReader
 from .report import ValueCheck
 
@@ -50,19 +51,22 @@ def check_expert_bytes(moe_layers: dict[str, torch.nn.Module], reader: Checkpoin
         for e in range(layer.w13_weight.shape[0]):
             mod = f"{prefix}.{e}"
             names = {p: f"{mod}.{p}" for p in (*GATE_UP_PROJS, DOWN_PROJ)}
-            if not all(f"{n}.weight" in reader for n in names.values()):
-                continue
+            if not any(f"{n}.weight" in reader for n in names.values()):
+                continue  # no tensor of this expert in the checkpoint (not a routed expert here)
             order = ("up_proj", "gate_proj") if up_first else GATE_UP_PROJS
-            for param, suffix in (("w13_weight", "weight"), ("w13_weight_scale", "weight_scale")):
-                for i, proj in enumerate(order):
-                    slot = getattr(layer, param).data[e, i * half : (i + 1) * half]
-                    checked += 1
-                    if not _padded_equal(slot, reader.load(f"{names[proj]}.{suffix}")):
-                        bad.append(f"{names[proj]}.{suffix} in {prefix}.{param}[{e}]")
-            for param, suffix in (("w2_weight", "weight"), ("w2_weight_scale", "weight_scale")):
+            # a tensor absent from the checkpoint is not compared: its slot was never written, which the sentinel
+            # audit reports as "parameter never written" (the verdict this check must not pre-empt by raising)
+            slots = [(param, f"{names[proj]}.{suffix}", getattr(layer, param).data[e, i * half : (i + 1) * half])
+                     for param, suffix in (("w13_weight", "weight"), ("w13_weight_scale", "weight_scale"))
+                     for i, proj in enumerate(order)]
+            slots += [(param, f"{names[DOWN_PROJ]}.{suffix}", getattr(layer, param).data[e])
+                      for param, suffix in (("w2_weight", "weight"), ("w2_weight_scale", "weight_scale"))]
+            for param, tensor, slot in slots:
+                if tensor not in reader:
+                    continue
                 checked += 1
-                if not _padded_equal(getattr(layer, param).data[e], reader.load(f"{names[DOWN_PROJ]}.{suffix}")):
-                    bad.append(f"{names[DOWN_PROJ]}.{suffix} in {prefix}.{param}[{e}]")
+                if not _padded_equal(slot, reader.load(tensor)):
+                    bad.append(f"{tensor} in {prefix}.{param}[{e}]")
     detail = f"{checked} expert tensors bit-exact in their w13/w2 slots" if not bad else f"differ: {bad[:5]}"
     return ValueCheck(name="expert tensors in SGLang's fused parameters", passed=not bad and checked > 0,
                       checked=checked, detail=detail if checked else "no expert tensor found to compare")
@@ -96,8 +100,14 @@ def check_gate_up_input_scales(moe_layers: dict[str, torch.nn.Module], reader: C
                 checked += 1
                 if not _equal_bits(reader.load(gate), reader.load(up)):
                     bad.append(f"{prefix} expert {e}")
+            elif gate in reader or up in reader:
+                # the loader copies the one present into both halves: nothing stays unwritten, so the sentinel
+                # audit cannot see that the checkpoint lacks the other (vLLM leaves it uninitialised)
+                checked += 1
+                bad.append(f"{(up if gate in reader else gate)} absent (only its partner ships)")
     return ValueCheck(
-        name="gate/up input scales equal (SGLang keeps one: each is written into both halves)", passed=not bad,
+        name="gate/up input scales both present and equal (SGLang keeps one: each is written into both halves)",
+        passed=not bad,
         checked=checked, detail=f"{checked} experts" if not bad else f"differ: {bad[:5]}",
     )
 
@@ -150,16 +160,16 @@ KV_SCALE_RE = re.compile(r"model\.layers\.(?P<layer>\d+)\.self_attn\.(?P<kind>[k
 MLA_ATTENTION_RE = re.compile(r"model\.layers\.(?P<layer>\d+)\.self_attn\.attn_mqa$")
 
 
-def check_kv_cache_scales(model: torch.nn.Module, reader: CheckpointReader) -> ValueCheck | None:
+def check_kv_cache_scales(model: torch.nn.Module, reader: CheckpointReader) -> list[ValueCheck]:
     """Every FP8 KV scale of the checkpoint is the `k_scale_float` / `v_scale_float` of its layer's
-    `attn_mqa` after post-load processing (None when the checkpoint has no KV scales)."""
+    `attn_mqa` after post-load processing, and what SGLang serves is at least 1 (no check without KV scales)."""
     expected: dict[tuple[int, str], float] = {}
     for name in reader.weight_map:
         m = KV_SCALE_RE.search(name)
         if m:
             expected[(int(m["layer"]), m["kind"])] = float(reader.load(name))
     if not expected:
-        return None
+        return []
     served: dict[tuple[int, str], float | None] = {}
     for name, module in model.named_modules():
         m = MLA_ATTENTION_RE.search(name)
@@ -168,9 +178,21 @@ def check_kv_cache_scales(model: torch.nn.Module, reader: CheckpointReader) -> V
                 served[(int(m["layer"]), kind)] = getattr(module, f"{kind}_scale_float", None)
     bad = [f"layer {layer} {kind}_scale: checkpoint {value:.6g}, attn_mqa {served.get((layer, kind))}"
            for (layer, kind), value in sorted(expected.items()) if served.get((layer, kind)) != value]
-    return ValueCheck(
+    landed = ValueCheck(
         name="FP8 KV scales land in SGLang's MLA attention (self_attn.attn_mqa k_scale_float / v_scale_float)",
         passed=not bad, checked=len(expected),
         detail=f"{len(expected)} scales, e.g. layer {min(expected)[0]}: {expected[min(expected)]:.6g}" if not bad
         else "; ".join(bad[:5]),
     )
+    # trtllm_mla_backend.py `_compute_decode_bmm1_scale` multiplies every decode score by k_scale while the cache
+    # row is written as a plain FP8 cast (memory_pool.py `_write_mla_kv_buffer`): a scale below 1 shrinks every
+    # attention score of the served model (calibrate/kv_cache.py, Model Optimizer's clamp_(min=1.0))
+    low = [f"layer {layer} {kind}_scale {value:.6g}" for (layer, kind), value in sorted(served.items())
+           if isinstance(value, float) and value < MIN_FP8_KV_SCALE]
+    floor = ValueCheck(
+        name=f"served FP8 KV scales >= {MIN_FP8_KV_SCALE:g} (SGLang's MLA decode multiplies the scores by k_scale)",
+        passed=not low, checked=len(served),
+        detail=f"{len(served)} served scales" if not low else f"{len(low)} below {MIN_FP8_KV_SCALE:g}: "
+        + "; ".join(low[:5]),
+    )
+    return [landed, floor]

@@ -29,7 +29,8 @@ from ..errors import EngineUnavailableError
 from .checkpoint_view import CheckpointView
 from .cpu_patches import PatchLog, ensure_torchvision
 from .quant_methods import audit_methods
-from .report import BuildDevice, Engine, EngineCheckReport, TensorAccounting, ValueCheck
+from .format_rules import format_checks
+from .report import BuildDevice, EngineCheckReport, TensorAccounting, ValueCheck
 
 VLLM_TESTED_VERSION = "0.33.0"
 WEIGHT_LEAF = ".weight"
@@ -55,15 +56,17 @@ def _import_vllm(log: PatchLog):
     return version, modelopt, KimiK25ForConditionalGeneration, DeepseekV3ForCausalLM, RoutedExperts, LinearBase, ParallelLMHead
 
 
-def run_vllm_check(view: CheckpointView, device: BuildDevice) -> EngineCheckReport:
+def run_vllm_check(view: CheckpointView, device: BuildDevice, options: object = None) -> EngineCheckReport:
+    """vLLM's config, mapping and exclusion rules over `view` (`options`: none, the plugin's NoOptions)."""
     started = time.perf_counter()
     log = PatchLog()
     version, modelopt, kimi_k25, deepseek_v3, routed_experts, linear_base, lm_head = _import_vllm(log)
     declared = view.declared_scheme
     report = EngineCheckReport(
-        engine=Engine.VLLM, engine_version=version, checkpoint=str(view.root), device=device,
+        engine="vllm", engine_version=version, checkpoint=str(view.root), device=device,
         architecture=view.architecture, declared_scheme=declared.value,
     )
+    report.values += format_checks(view)
     block = view.config.get("quantization_config") or {}
     config_cls = modelopt.ModelOptNvFp4Config
     method = config_cls.override_quantization_method(block, None)
@@ -114,9 +117,11 @@ def run_vllm_check(view: CheckpointView, device: BuildDevice) -> EngineCheckRepo
         n for n in kept if (p := parse_expert_name(n)) is not None and f"experts.{p.expert}.{p.proj}." not in weight_names
     ]
     report.tensors = TensorAccounting(
-        in_checkpoint=len(view.tensors), read=len(view.tensors), routed=len(kept) - len(unmapped_experts),
+        # read = 0: no weight iterator or loader runs, so "not read" and "never written" are not measured here
+        in_checkpoint=len(view.tensors), read=0, routed=len(kept) - len(unmapped_experts),
         dropped=sorted([n for n, m in mapped.items() if m is None] + unmapped_experts),
-        routing="kept by hf_to_vllm_mapper (experts: matched by the expert params mapping); no loader runs",
+        routing="NAME RULES ONLY: kept by hf_to_vllm_mapper (experts: matched by the expert params mapping); no "
+        "weight loader ran, so a tensor no vLLM parameter takes is not detected",
     )
 
     assigned = list(_assigned(kept, view, quant_config, packed, linear_base, lm_head))

@@ -1,32 +1,34 @@
-"""The engine check's child process: `python -m kimi_nvfp4.engine_check.worker REQUEST.json`.
+"""The child process of `check_engine`: one engine check per interpreter.
 
-An engine run changes process-wide state that cannot be undone (torch.distributed initialised,
-sys.modules holding the engine and possibly the torchvision stand-in, global config published), so
-`check_engine` runs each engine in a fresh interpreter. The request and the answer are JSON files;
-a user-facing error travels back with its exit code.
+SGLang and vLLM change process-wide state when imported and set up (torch.distributed, their
+published config, patched transformers classes, sys.modules), so `check_engine` runs each engine in a
+fresh interpreter. The request and the answer are JSON files; a user-facing error travels back with
+its exit code. Which engine runs is a lookup in the engine registry (engine_registry.ENGINES), never a
+branch on its name.
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import KimiNvfp4Error
 from .checkpoint_view import CheckpointView
+from .engine_registry import ENGINES
 from .full_size import read_listing
-from .report import BuildDevice, Engine, EngineCheckReport
-from .sglang_session import MOE_BACKEND_FOR_SCHEME
+from .report import BuildDevice, EngineCheckReport
 
 
 class CheckRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     checkpoint: str
-    engine: Engine
+    engine: str  # a name in ENGINES
     device: BuildDevice
-    moe_runner_backend: str = MOE_BACKEND_FOR_SCHEME
+    options: dict[str, Any] = Field(default_factory=dict)  # the engine's options (its plugin's options model)
     listing: str | None = None  # a listing JSON (full_size.py) instead of shard headers
     answer: str  # where the worker writes its CheckAnswer
 
@@ -44,20 +46,8 @@ def run_request(request: CheckRequest) -> EngineCheckReport:
         view = CheckpointView.from_listing(request.checkpoint, read_listing(request.listing))
     else:
         view = CheckpointView.from_folder(request.checkpoint)
-    if request.engine is Engine.SGLANG:
-        from .sglang_driver import run_sglang_check
-        from ..checkpoint.modelopt_config import ActivationScheme
-        from .sglang_session import SglangSettings
-
-        settings = SglangSettings.for_checkpoint(
-            request.moe_runner_backend,
-            weight_only=view.declared_scheme is ActivationScheme.W4A16,
-            kv_cache_fp8=view.kv_cache_quant_algo == "FP8",
-        )
-        return run_sglang_check(view, request.device, settings)
-    from .vllm_driver import run_vllm_check
-
-    return run_vllm_check(view, request.device)
+    driver = ENGINES.get(request.engine)
+    return driver.run(view, request.device, driver.parse_options(request.options))
 
 
 def main(argv: list[str]) -> int:
@@ -66,7 +56,9 @@ def main(argv: list[str]) -> int:
         answer = CheckAnswer(report=run_request(request))
     except KimiNvfp4Error as e:
         answer = CheckAnswer(error=str(e), exit_code=e.exit_code)
-    Path(request.answer).write_text(answer.model_dump_json())
+    partial = Path(request.answer + ".partial")
+    partial.write_text(answer.model_dump_json())
+    partial.replace(request.answer)  # the parent never reads half an answer
     return 0
 
 

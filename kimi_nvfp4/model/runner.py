@@ -14,6 +14,7 @@ so that one loaded layer and one attention serve both its W4A16 observe and W4A4
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -114,6 +115,15 @@ def token_chunks(lengths: Sequence[int], max_tokens: int | None) -> Iterator[lis
         yield chunk
 
 
+_LIVE_RUNNERS: "weakref.WeakSet[LayerStreamRunner]" = weakref.WeakSet()  # runners with a prefetch thread
+
+
+def close_prefetch_threads() -> None:
+    """Join the prefetch thread of every runner that started one (distributed.shutdown, before the group goes)."""
+    for runner in list(_LIVE_RUNNERS):
+        runner.close()
+
+
 class LayerStreamRunner:
     def __init__(
         self,
@@ -203,7 +213,19 @@ class LayerStreamRunner:
             return
         if self._loader is None:
             self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="layer-prefetch")
+            _LIVE_RUNNERS.add(self)
         self._pending = (i, self._loader.submit(self._load, i))
+
+    def close(self) -> None:
+        """Wait for a prefetch in flight and join the prefetch thread (idempotent). distributed.shutdown calls it for
+        every runner before the process group goes: a thread still inside a collective-backed load at exit aborts."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending[1].result()
+        if self._loader is not None:
+            self._loader.shutdown(wait=True)
+            self._loader = None
+        _LIVE_RUNNERS.discard(self)
 
     def _take(self, i: int) -> LayerWeights:
         pending, self._pending = self._pending, None

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..checkpoint.manifest import StageRecord, load_manifest, save_manifest
+from ..stage_kit.output_paths import require_writable_dir
 from ..checkpoint.output_lock import output_lock
 from ..checkpoint.writer import write_bytes_atomic
 from ..errors import KimiNvfp4Error, OutputError
@@ -125,6 +126,8 @@ def _publish_locked(
     root: Path, repo_id: str, opts: PublishOptions, *, report_dir: str | Path | None, progress: bool
 ) -> PublishResult:
     private, revision, dry_run, endpoint = opts.private, opts.revision, opts.dry_run, opts.endpoint
+    if not dry_run:  # README.md and the manifest are written after the upload: refuse before it instead
+        require_writable_dir(root, what="the checkpoint folder (publish writes README.md and the manifest)")
     readiness = check_publishable(root, force_unvalidated=opts.force_unvalidated, workers=opts.workers,
                                   progress=progress)
     reports = ReportSet.find(root, report_dir)

@@ -27,11 +27,16 @@ def publish_command(output: Path, repo_id: str, options: PublishOptions, report_
     Refuses (exit 3) unless the manifest shows every shard complete with matching sha256, and (exit 1) unless
     validate passed. The token comes from HF_TOKEN or `hf auth login` and is never printed or written.
     """
+    from ..checkpoint.writer import write_text_atomic
+    from ..stage_kit.output_paths import require_writable_file
     from .api import publish_checkpoint, publish_result_json
 
+    if json_path is not None:  # before the upload: a bad path must not cost the "published" line and the commit URL
+        require_writable_file(json_path, what="--json")
     result = publish_checkpoint(output, repo_id, options, report_dir=report_dir, progress=not no_progress)
     if json_path is not None:
-        json_path.write_text(publish_result_json(result) + "\n")
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(json_path, publish_result_json(result) + "\n")
     if options.dry_run:
         click.echo(result.render_dry_run())
         return

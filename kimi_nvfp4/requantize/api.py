@@ -43,6 +43,7 @@ from ..checkpoint.writer import sha256_file
 from ..errors import CheckpointError
 from ..numerics.methods import method_spec
 from ..stage_kit.device import resolve_device
+from ..stage_kit.output_paths import require_writable_dir
 from ..stage_kit.pairing import require_converted, require_matching_source
 from .options import STATS_MODES_FOR, OutputAwareMethod, RequantizeOptions
 from .record import REQUANTIZE_STAGE, RequantizeRecord, RequantizedShard, requantized_sha256
@@ -163,6 +164,7 @@ def requantize_checkpoint(
     opts = RequantizeOptions.build(options, overrides, "requantize_checkpoint")
     started = time.perf_counter()
     output, source = Path(output), Path(source)
+    require_writable_dir(output, what="requantize's output folder")  # before any shard is rewritten
     method = OutputAwareMethod(opts.method).value
     out_reader, src_reader = CheckpointReader(output), CheckpointReader(source)
     require_converted(out_reader)

@@ -39,7 +39,11 @@ def read_hf_quant_config(root: Path) -> dict:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise CheckpointError(f"not valid JSON ({e})", file=path) from None
-    algo = (data.get("quantization") or {}).get("quant_algo")
+    if not isinstance(data, dict) or not isinstance(data.get("quantization"), dict):
+        what = type(data).__name__ if not isinstance(data, dict) else f"quantization {type(data.get('quantization')).__name__}"
+        raise CheckpointError(f"expected a JSON object with a \"quantization\" object (ModelOpt's hf_quant_config "
+                              f"format), got a {what}", file=path)
+    algo = data["quantization"].get("quant_algo")
     if algo not in NVFP4_QUANT_ALGOS:  # W4A16_NVFP4 until calibrate has installed the input scales
         raise UnsupportedCheckpointError(
             f"quantization.quant_algo is {algo!r}, expected one of {NVFP4_QUANT_ALGOS}", file=path

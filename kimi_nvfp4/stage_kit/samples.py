@@ -58,6 +58,20 @@ class SampleSet:
         return sum(int(s.numel()) for s in self.sequences)
 
 
+def _why_no_sequence(chosen, tokenizer, seq_len: int, exclude) -> str:
+    """The reason behind an empty rendering, for the error: every window duplicated a calibration window, or the
+    sessions are too short to make a window at all."""
+    if exclude:
+        from ..data.render import render_sessions  # as load_sample_set: the data package loads on first use
+
+        without = [s for s in render_sessions(chosen, tokenizer, seq_len) if s.numel() >= 2]
+        if without:
+            return (f": all {len(without)} of their windows duplicate calibration windows (the held-out part drops "
+                    "every window the calibration part also has, so shared text is never on both sides); give "
+                    "sessions that differ from the calibration ones, more sessions, or another --seq-len")
+    return f": the {len(chosen)} sessions are too short to make a window of 2+ tokens"
+
+
 def load_sample_set(
     checkpoint: str | Path,
     data: str,
@@ -156,9 +170,20 @@ def _load_part(checkpoint, data: str, part: DataPart, seq_len: int, heldout_frac
         )
     sequences = [s.to(torch.long) for s in chosen.sequences if s.numel() >= 2]
     if not sequences:
-        raise DataError(f"--data {data!r}: the {part.value} sessions rendered to no sequence of 2+ tokens")
+        raise DataError(f"--data {data!r}: the {part.value} sessions rendered to no sequence of 2+ tokens"
+                        + why_no_sequence(chosen.stats.rendered_tokens, part))
     return _LoadedPart(sequences, groups, sum(r.skipped for r in results), [e for r in results for e in r.errors][:20],
                        windows.unique_token_fraction, any(r.provenance == Provenance.GENERATED for r in results))
+
+
+def why_no_sequence(rendered_tokens: int, part: DataPart) -> str:
+    """Why a part rendered to no window: a held-out part whose tokens all fell in windows the calibration part
+    also has (dropped, so that shared text is never on both sides), or sessions too short for any window."""
+    if part is DataPart.HELDOUT and rendered_tokens >= 2:
+        return (": all of their windows duplicate calibration windows (the held-out part drops every window the "
+                "calibration part also has, so shared text is never on both sides); give sessions that differ from "
+                "the calibration ones, more sessions, or another --seq-len")
+    return ": the sessions are too short to make a window of 2+ tokens"
 
 
 def streams(data: str) -> bool:

@@ -27,6 +27,7 @@ from ..stage_kit.memory_plan import (
     planning_device,
     rank_tokens,
 )
+from ..stage_kit.output_paths import require_writable_dir
 from ..stage_kit.pairing import require_converted, require_matching_source
 from ..stage_kit.progress import job_tokens, layer_progress
 from ..stage_kit.samples import DataPart, load_sample_set
@@ -309,6 +310,7 @@ def validate_checkpoint(
     mode_list = opts.modes
     reduction = opts.input_scale_reduction
     output, source, report_dir = Path(output), Path(source), Path(report_dir)
+    require_writable_dir(report_dir, what="the validate report folder")  # before the first layer, not after the run
     out_reader, src_reader = CheckpointReader(output), CheckpointReader(source)
     require_converted(out_reader)
     require_matching_source(src_reader, out_reader)

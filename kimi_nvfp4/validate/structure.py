@@ -145,7 +145,10 @@ def _check_configs(reader: CheckpointReader, issues: _Issues) -> dict:
     except json.JSONDecodeError as e:
         issues.add("hf_quant_config", f"{HF_QUANT_CONFIG_NAME} is not valid JSON ({e})")
         return {}
-    q = hf.get("quantization") or {}
+    if not isinstance(hf, dict) or not isinstance(hf.get("quantization"), dict):
+        issues.add("hf_quant_config", f"{HF_QUANT_CONFIG_NAME} is not an object with a quantization object")
+        return {}
+    q = hf["quantization"]
     if q.get("quant_algo") != NVFP4_QUANT_ALGO:
         issues.add("hf_quant_config", f"quantization.quant_algo is {q.get('quant_algo')!r}, expected 'NVFP4'")
     if q.get("group_size") != NVFP4_BLOCK_SIZE:

@@ -44,3 +44,25 @@ def test_heldout_windows_are_disjoint_from_calibration_and_distinct(seed):
     assert len(calibration) == len(set(calibration))
     assert len(heldout) == len(set(heldout))
     assert not set(heldout) & set(calibration)
+
+
+def test_heldout_of_only_duplicate_windows_says_why(tmp_path):
+    """Held-out sessions whose every window is a calibration window (here: the same session on both sides) render
+    to nothing; the error says that is why, rather than only that nothing was rendered."""
+    import json
+
+    from kimi_nvfp4.data.loaders import load_jsonl
+    from kimi_nvfp4.data.render import SessionRequests, served_requests, window_groups
+    from kimi_nvfp4.stage_kit.samples import DataPart, why_no_sequence
+
+    record = {"messages": [{"role": "user", "content": "list the files in src please"},
+                           {"role": "assistant", "content": "Here they are: main.py, util.py and test.py."}]}
+    path = tmp_path / "one.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    conv = load_jsonl(path).conversations[0]
+    tok = load_tokenizer(DEMO_CHECKPOINT)
+    group = SessionRequests(conv.id, served_requests(conv, tok))
+    heldout = window_groups([group], 16, exclude=[group])
+    assert not heldout.sequences and heldout.stats.rendered_tokens >= 2
+    assert "duplicate calibration windows" in why_no_sequence(heldout.stats.rendered_tokens, DataPart.HELDOUT)
+    assert "too short" in why_no_sequence(0, DataPart.HELDOUT)

@@ -8,7 +8,7 @@ import pytest
 
 from kimi_nvfp4.cli import main
 from kimi_nvfp4.engine_check import cli as engine_cli
-from kimi_nvfp4.engine_check.report import BuildDevice, Engine, EngineCheckReport, ValueCheck
+from kimi_nvfp4.engine_check.report import BuildDevice, EngineCheckReport, ValueCheck
 from kimi_nvfp4.engine_check.sglang_session import sglang_version
 from kimi_nvfp4.errors import EngineUnavailableError
 
@@ -42,10 +42,45 @@ def test_missing_engine_exits_8(monkeypatch, tmp_path, capsys):
 
 
 def test_a_miss_exits_1_and_is_printed(monkeypatch, tmp_path, capsys):
-    report = EngineCheckReport(engine=Engine.SGLANG, engine_version="0.5.23", checkpoint=str(tmp_path),
+    report = EngineCheckReport(engine="sglang", engine_version="0.5.23", checkpoint=str(tmp_path),
                                device=BuildDevice.CPU,
                                values=[ValueCheck(name="expert bytes", passed=False, checked=1, detail="differ")])
     monkeypatch.setattr(engine_cli, "check_engine", lambda *a, **k: report)
     assert _exit_code(["check-engine", str(tmp_path)]) == 1
     out = capsys.readouterr()
     assert "miss: value check expert bytes: differ" in out.out and "1 misses" in out.err
+
+
+def test_a_child_that_dies_without_an_answer_is_a_typed_error_naming_its_exit_code(demo_w4a16, monkeypatch, tmp_path):
+    """The engine's process can die (OOM killer, an abort inside the engine): exit 11 naming its code, no bare bug."""
+    import sys
+
+    from kimi_nvfp4.engine_check import check_engine
+    from kimi_nvfp4.errors import EngineProcessError
+
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # a real process that exits 1 and writes nothing
+    with pytest.raises(EngineProcessError, match="ended with exit code 1 and wrote no answer") as e:
+        check_engine(demo_w4a16, "sglang", report_dir=tmp_path)
+    assert e.value.exit_code == 11
+
+
+def test_engines_come_from_the_registry_and_refuse_unknown_options(demo_w4a16, tmp_path):
+    from kimi_nvfp4.engine_check import ENGINES, CheckCoverage, check_engine
+    from kimi_nvfp4.errors import KimiNvfp4Error
+
+    assert {e.name: e.coverage for e in ENGINES.entries()} == {"sglang": CheckCoverage.LOADER,
+                                                               "vllm": CheckCoverage.RULES}
+    with pytest.raises(KimiNvfp4Error, match="unknown engine 'trtllm'; registered: sglang, vllm"):
+        check_engine(demo_w4a16, "trtllm")
+    with pytest.raises(KimiNvfp4Error, match="vllm: option moe_runner_backend"):
+        check_engine(demo_w4a16, "vllm", moe_runner_backend="marlin")
+
+
+def test_a_rules_only_pass_never_reads_like_a_loader_pass(tmp_path):
+    from kimi_nvfp4.engine_check import CheckCoverage
+
+    loader = EngineCheckReport(engine="sglang", engine_version="0.5.23", checkpoint="x", device=BuildDevice.CPU)
+    rules = loader.model_copy(update={"engine": "vllm", "coverage": CheckCoverage.RULES})
+    assert loader.verdict == "PASS: no miss"
+    assert rules.verdict.startswith("PASS (rules only)") and "no weight loader ran" in rules.verdict
+    assert "NOT detected" in rules.to_markdown()

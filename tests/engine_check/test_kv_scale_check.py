@@ -38,15 +38,25 @@ def _names(layer: int) -> tuple[str, str]:
 
 def test_scales_served_by_their_layers_attn_mqa_pass():
     scales = {n: 2.0 + layer for layer in (0, 1) for n in _names(layer)}
-    check = check_kv_cache_scales(_model({0: (2.0, 2.0), 1: (3.0, 3.0)}), _reader(scales))
-    assert check.passed and check.checked == 4
+    landed, floor = check_kv_cache_scales(_model({0: (2.0, 2.0), 1: (3.0, 3.0)}), _reader(scales))
+    assert landed.passed and landed.checked == 4
+    assert floor.passed and floor.checked == 4
 
 
 def test_a_scale_the_engine_does_not_serve_fails_naming_the_layer():
     scales = {n: 2.0 for layer in (0, 1) for n in _names(layer)}
-    check = check_kv_cache_scales(_model({0: (2.0, 2.0), 1: (1.0, 2.0)}), _reader(scales))
-    assert not check.passed and "layer 1 k_scale" in check.detail
+    landed, _ = check_kv_cache_scales(_model({0: (2.0, 2.0), 1: (1.0, 2.0)}), _reader(scales))
+    assert not landed.passed and "layer 1 k_scale" in landed.detail
+
+
+def test_scales_below_one_land_but_are_flagged_as_misserved():
+    """SGLang's MLA decode multiplies every score by k_scale: 0.001 lands bit for bit and still breaks the model."""
+    served = float(torch.tensor(0.001))  # SGLang's k_scale_float: the float32 checkpoint value as a Python float
+    scales = {n: 0.001 for n in _names(0)}
+    landed, floor = check_kv_cache_scales(_model({0: (served, served)}), _reader(scales))
+    assert landed.passed
+    assert not floor.passed and "layer 0 k_scale 0.001" in floor.detail and "layer 0 v_scale" in floor.detail
 
 
 def test_no_kv_scales_no_check():
-    assert check_kv_cache_scales(_model({0: (1.0, 1.0)}), _reader({})) is None
+    assert check_kv_cache_scales(_model({0: (1.0, 1.0)}), _reader({})) == []

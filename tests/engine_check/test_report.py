@@ -7,7 +7,6 @@ import json
 from kimi_nvfp4.engine_check.report import (
     BuildDevice,
     CpuPatch,
-    Engine,
     EngineCheckReport,
     ParameterFinding,
     ParameterVerdict,
@@ -17,7 +16,7 @@ from kimi_nvfp4.engine_check.report import (
 
 
 def _report(**kw) -> EngineCheckReport:
-    return EngineCheckReport(engine=Engine.SGLANG, engine_version="0.5.23", checkpoint="/x", device=BuildDevice.CPU, **kw)
+    return EngineCheckReport(engine="sglang", engine_version="0.5.23", checkpoint="/x", device=BuildDevice.CPU, **kw)
 
 
 def _finding(verdict: ParameterVerdict) -> ParameterFinding:

@@ -16,7 +16,7 @@ from kimi_nvfp4.calibrate.shard import INPUT_SCALES_SHARD
 from kimi_nvfp4.checkpoint.manifest import ShardRecord, load_manifest, save_manifest
 from kimi_nvfp4.checkpoint.verdict import VERDICT_KEY, ValidateVerdict, tokens_sha256
 from kimi_nvfp4.convert import convert_checkpoint
-from kimi_nvfp4.errors import GateFailure
+from kimi_nvfp4.errors import CheckpointError, GateFailure
 from kimi_nvfp4.publish import check_publishable
 from kimi_nvfp4.synth import create_synthetic_checkpoint
 from kimi_nvfp4.validate import DEFAULT_GATES, validate_checkpoint
@@ -58,7 +58,11 @@ def test_validate_seals_shard_digests_thresholds_and_data(validated):
     assert sealed.passed is True and sealed.failed_gates == []
     assert sealed.thresholds == _gates().model_dump(mode="json")
     assert sealed.data.spec == "sample" and sealed.data.sequences == 2 and len(sealed.data.tokens_sha256) == 64
-    assert set(sealed.load_files) == {"config.json", "hf_quant_config.json", "model.safetensors.index.json"}
+    # every uploaded file but the shards (sealed on their own), the card, the manifest and the reports
+    assert {"config.json", "hf_quant_config.json", "model.safetensors.index.json"} <= set(sealed.load_files)
+    assert "tokenizer_config.json" in sealed.load_files
+    assert not set(sealed.load_files) & (set(sealed.shards) | {"README.md", "kimi_nvfp4_manifest.json"})
+    assert not any(f.startswith("reports/") for f in sealed.load_files)
     in_report = json.loads((out / "reports" / "validate_report.json").read_text())[VERDICT_KEY]
     assert ValidateVerdict.model_validate(in_report) == sealed
     readiness = check_publishable(out, progress=False)
@@ -148,4 +152,28 @@ def test_a_forged_passing_verdict_over_other_bytes_is_refused(publishable):
 def test_a_failed_sealed_verdict_is_refused(publishable, write_manifest):
     write_manifest(publishable, validate={"settings": {}, "complete": True, "outputs": {}}, verdict=False)
     with pytest.raises(GateFailure, match="validate did not pass \\(failed gates: w4a4.kl_mean\\)"):
+        check_publishable(publishable, progress=False)
+
+
+@pytest.mark.parametrize(("name", "content"), [
+    ("chat_template.jinja", "{{ 'replaced' }}"),
+    ("tokenizer.json", "{not json"),
+    ("evil.py", "import os\n"),
+    ("generation_config.json", '{"temperature": 5.0}'),
+    ("extra/model-00009-of-00009.safetensors", "x"),
+], ids=["chat-template", "tokenizer", "remote-code", "generation-config", "shard-in-subfolder"])
+def test_an_uploaded_file_validate_did_not_seal_is_refused(publishable, name, content):
+    """Publish uploads every file of the folder: each must be one validate sealed, unchanged."""
+    path = publishable / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(content)
+    with pytest.raises(GateFailure, match=f"stale: file\\(s\\) changed since validate judged them: .*{name}"):
+        check_publishable(publishable, progress=False)
+
+
+def test_a_passing_verdict_with_failed_gates_is_rejected(publishable):
+    manifest, raw = _record(publishable)
+    raw["failed_gates"] = ["w4a4.kl_mean"]
+    save_manifest(publishable, manifest)
+    with pytest.raises(CheckpointError, match="contradicts itself"):
         check_publishable(publishable, progress=False)
