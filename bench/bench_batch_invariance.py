@@ -110,7 +110,8 @@ def main(device, experts, tokens, seq_len, chunk, other_chunk, modes, repeats, j
         print(f"{mode}: invariant / plain time = {on['seconds'] / off['seconds']:.2f}x")
     if json_path:
         json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps({**provenance(), "results": rows}, indent=2) + "\n")
+        device_name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+        json_path.write_text(json.dumps({**provenance(), "device": device_name, "results": rows}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

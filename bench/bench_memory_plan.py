@@ -107,7 +107,7 @@ def main() -> None:
         (c.split(":")[0], int(c.split(":")[1]), (c.split(":") + [None])[2]) for c in args.case]
     args.work_dir.mkdir(parents=True, exist_ok=True)
     src, out = prepare(args.work_dir, "k2.6", args.layers, "cuda", args.experts, None, "cuda")
-    head = {**provenance(), "gpu": torch.cuda.get_device_name(0),
+    head = {**provenance(), "device": torch.cuda.get_device_name(0), "gpu": torch.cuda.get_device_name(0),
             "gpu_total_bytes": torch.cuda.get_device_properties(0).total_memory, "layers": args.layers,
             "experts": args.experts or 384, "results": []}
     for stage, samples, cap in cases:
