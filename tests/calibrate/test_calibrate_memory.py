@@ -58,23 +58,28 @@ def test_one_layer_at_a_time(converted_pair, live_layers, policy):
 
 @pytest.mark.gpu
 def test_gpu_peak_memory_is_one_layer_plus_states(converted_pair, cuda_device):
+    """The peak is what the memory planner estimates for this run (stage_kit/memory_plan.py): the layer as stored,
+    the next one prefetched, the layer dequantized once, the states and one chunk's work. The old bound (8 layers +
+    4 state copies + 32 MiB) left out the prefetched layer and failed by 0.9 MB on the H200."""
+    from kimi_nvfp4.model.runner import CUDA_MAX_CHUNK_TOKENS
+    from kimi_nvfp4.stage_kit.memory_plan import GPU_HEADROOM_BYTES, estimate
+
     _src, out = converted_pair
     reader = CheckpointReader(out)
     cfg = reader.layout.text
     seqs = [torch.randint(0, 5000, (64,), generator=torch.Generator().manual_seed(i)) for i in range(8)]
-    layer_bytes = max(
-        sum(info.nbytes for n, info in reader.tensors.items() if n.startswith(reader.layout.layer_prefix(i)))
-        for i in range(cfg.num_hidden_layers)
-    )
-    states_bytes = sum(s.numel() for s in seqs) * cfg.hidden_size * 4
+    planned, _host, _parts = estimate(
+        cfg, stage="calibrate", device=cuda_device, dtype=torch.bfloat16, tokens=sum(s.numel() for s in seqs),
+        seq_len=64, streams=1, sources=1, states_on_device=True, chunk_tokens=CUDA_MAX_CHUNK_TOKENS,
+        materialize=True, prefetch=True)
     torch.cuda.reset_peak_memory_stats(cuda_device)
     base = torch.cuda.memory_allocated(cuda_device)
-    run_calibration(reader, seqs, policy=ExpertPolicy.PEER_MAX, min_expert_tokens=4, device=cuda_device, progress=False)
+    run_calibration(reader, seqs, policy=ExpertPolicy.PEER_MAX, min_expert_tokens=4, device=cuda_device, progress=False,
+                    materialize=True, prefetch=True)
     peak = torch.cuda.max_memory_allocated(cuda_device) - base
-    # defaults on CUDA: bf16, layer materialized when it fits (x4 for packed nibbles in bf16, plus the
-    # stored layer); fp32 per chunk was x8. Bound: layer weights widened + two copies of the states +
-    # temporaries
-    assert peak < 8 * layer_bytes + 4 * states_bytes + 32 * 2**20
+    # the plan's headroom (cuBLAS workspaces, allocator rounding, Triton) is not allocated by the stage's tensors
+    # but cuBLAS's workspaces are, through the caching allocator: 32 MiB of them at this size
+    assert peak <= planned - GPU_HEADROOM_BYTES + 32 * 2**20
 
 
 @pytest.mark.gpu
