@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-import click
 from pydantic import Field, field_validator
 
-from ..stage_kit.memory_plan import gpu_memory_field, parse_size_option
+from ..stage_kit.memory_plan import GpuMemory, gpu_memory_field, max_chunk_tokens_field, states_device_field
 from ..stage_kit.resume import resume_every_field, resume_max_overhead_field
 from ..stage_kit.device_type import Device, OptionalDevice
 from ..stage_options import Cli, StageOptions
@@ -39,12 +38,9 @@ class CalibrateOptions(StageOptions):
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="Compute dtype of the reference model. auto: bfloat16 on CUDA (what SGLang serves: bf16 "
                             "hidden states and matmuls), float32 on CPU.")
-    max_chunk_tokens: int | None = Field(None, ge=1, description="Tokens per MLP/MoE chunk (default: the memory plan "
-                                                                 "decides; results do not depend on it).")
-    states_device: OptionalDevice = Field(
-        None, description="Keep hidden states here (e.g. cpu) when they do not fit the GPU (default: the memory "
-                          "plan decides).")
-    gpu_memory: Annotated[int | None, Cli(click_type=click.STRING, metavar="SIZE")] = gpu_memory_field()
+    max_chunk_tokens: int | None = max_chunk_tokens_field()
+    states_device: OptionalDevice = states_device_field()
+    gpu_memory: GpuMemory = gpu_memory_field()
     resume_every: int = resume_every_field("OUTPUT")
     resume_max_overhead: float = resume_max_overhead_field()
     expert_stats: ExpertStatsMode = Field(
@@ -56,11 +52,6 @@ class CalibrateOptions(StageOptions):
 
     # What decides the scales (with the data spec): `dtype` is left out, the manifest records the resolved one.
     RECORDED: ClassVar[tuple[str, ...]] = ("samples", "seq_len", "seed", "min_expert_tokens", "policy")
-
-    @field_validator("gpu_memory", mode="before")
-    @classmethod
-    def _size(cls, value: Any) -> Any:
-        return parse_size_option(value)
 
     @field_validator("dtype", mode="before")
     @classmethod

@@ -54,9 +54,8 @@ from .. import __version__
 from ..numerics.constants import NVFP4_BLOCK_SIZE
 from ..errors import CheckpointError
 from .layout import CheckpointLayout, parse_expert_name
-from .reader import CONFIG_NAME, CheckpointReader, TensorInfo
+from .reader import CheckpointReader, TensorInfo
 from .scheme_journal import SchemeSwitch, write_scheme_switch
-from .writer import write_json_atomic
 
 HF_QUANT_CONFIG_NAME = "hf_quant_config.json"
 PRODUCER_NAME = "kimi-nvfp4"

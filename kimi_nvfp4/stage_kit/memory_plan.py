@@ -26,11 +26,15 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from typing import Annotated
+
+import click
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from ..checkpoint.k2_config import K2Config
 from ..errors import ResourceError
+from ..stage_options import Cli
 # Bytes per (token x hidden) value of one MLP/MoE chunk and per routed (token, expert) pair (model/runner.py).
 from ..model.runner import CHUNK_BYTES_PER_VALUE, SORTED_BUFFERS_PER_PAIR
 
@@ -299,18 +303,30 @@ def _refusal(stage, device, tokens, streams, gpu_cap, host_cap, tried, chunk_tok
 
 # --- what the stages share -------------------------------------------------------------------------------------
 
-def gpu_memory_field():
-    """The `gpu_memory` option of every model stage (a size such as 80GiB; stored in bytes)."""
-    from pydantic import Field
+def parse_size_option(value):
+    """A `gpu_memory` value from the CLI, pipeline.toml or the API: a size string, a number of bytes or None."""
+    return None if value is None or value == "" else parse_bytes(value)
 
+
+# The options every model stage's memory plan reads, declared once (calibrate/options.py, validate/options.py).
+GpuMemory = Annotated[int | None, Cli(click_type=click.STRING, metavar="SIZE"), BeforeValidator(parse_size_option)]
+
+
+def gpu_memory_field():
+    """`gpu_memory`: a size such as 80GiB, stored in bytes."""
     return Field(None, ge=1, description="GPU memory this stage may use, e.g. 80GiB (default: what is free when it "
                                          "starts). Also caps the process's allocations: for a shared GPU, and for "
                                          "planning another GPU with --dry-run.")
 
 
-def parse_size_option(value):
-    """A `gpu_memory` value from the CLI, pipeline.toml or the API: a size string, a number of bytes or None."""
-    return None if value is None or value == "" else parse_bytes(value)
+def max_chunk_tokens_field():
+    return Field(None, ge=1, description="Tokens per MLP/MoE chunk (default: the memory plan decides; results do not "
+                                         "depend on it).")
+
+
+def states_device_field():
+    return Field(None, description="Keep hidden states here (e.g. cpu) when they do not fit the GPU (default: the "
+                                   "memory plan decides).")
 
 
 def apply_gpu_cap(device: torch.device, cap: int | None) -> None:

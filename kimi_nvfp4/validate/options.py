@@ -12,7 +12,7 @@ from pydantic import Field, field_validator
 from ..calibrate.options import CalibrateOptions
 from ..model.linear import ActivationMode
 from ..model.nvfp4_linears import InputScaleReduction
-from ..stage_kit.memory_plan import gpu_memory_field, parse_size_option
+from ..stage_kit.memory_plan import GpuMemory, gpu_memory_field, max_chunk_tokens_field, states_device_field
 from ..stage_kit.resume import resume_every_field, resume_max_overhead_field
 from ..stage_kit.device_type import Device, OptionalDevice
 from ..stage_options import Cli, StageOptions
@@ -64,22 +64,14 @@ class ValidateOptions(StageOptions):
                     "layer at K2.6 scale).")
     resume_every: int = resume_every_field("REPORT_DIR")
     resume_max_overhead: float = resume_max_overhead_field()
-    max_chunk_tokens: int | None = Field(None, ge=1, description="Tokens per MLP/MoE chunk (default: the memory plan "
-                                                                 "decides; results do not depend on it).")
-    states_device: OptionalDevice = Field(
-        None, description="Keep hidden states here (e.g. cpu) when they do not fit the GPU (default: the memory "
-                          "plan decides).")
-    gpu_memory: Annotated[int | None, Cli(click_type=click.STRING, metavar="SIZE")] = gpu_memory_field()
+    max_chunk_tokens: int | None = max_chunk_tokens_field()
+    states_device: OptionalDevice = states_device_field()
+    gpu_memory: GpuMemory = gpu_memory_field()
 
     # What decides the verdict (with the data spec and the thresholds), as validate records it.
     RECORDED: ClassVar[tuple[str, ...]] = (
         "samples", "seq_len", "seed", "modes", "input_scale_reduction", "expert_check_tokens",
     )
-
-    @field_validator("gpu_memory", mode="before")
-    @classmethod
-    def _size(cls, value: Any) -> Any:
-        return parse_size_option(value)
 
     @field_validator("dtype", mode="before")
     @classmethod
