@@ -34,6 +34,9 @@ DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 DEFAULT_HEADER_TIMEOUT_S = 30.0
 DEFAULT_BODY_TIMEOUT_S = 60.0
 DEFAULT_WRITE_TIMEOUT_S = 30.0
+# After a 413/408 the rest of the body is read and thrown away (never held) for this long before the
+# socket closes, so that a client still sending gets to read the answer rather than a reset.
+DEFAULT_LINGER_S = 2.0
 # Socket send buffer and transport high-water mark of a streaming response: what a client that does
 # not read can make the server hold for it before its writes block (and then time out).
 DEFAULT_STREAM_BUFFER_BYTES = 256 * 1024
@@ -47,10 +50,16 @@ class ServerLimits:
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
     write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S
     stream_buffer_bytes: int = DEFAULT_STREAM_BUFFER_BYTES
+    linger_s: float = DEFAULT_LINGER_S
+
+    def runner_options(self) -> dict:
+        """aiohttp's per-connection options: the keep-alive timer (armed at connect, firing while no
+        request head is complete) is the header timeout; lingering after an unread body is bounded."""
+        return {"keepalive_timeout": self.header_timeout_s, "lingering_time": self.linger_s}
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "header_timeout_s", "body_timeout_s", "write_timeout_s",
-                     "stream_buffer_bytes"):
+                     "stream_buffer_bytes", "linger_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
 

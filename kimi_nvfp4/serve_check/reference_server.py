@@ -324,10 +324,8 @@ class ReferenceServer:
         return f"http://{self.host}:{self.port}"
 
     async def _serve(self) -> None:
-        # aiohttp arms its keep-alive timer at connect and fires it while no request head is complete:
-        # set to the header timeout, it closes stalled sockets (and idle keep-alive ones)
         self._runner = web.AppRunner(self.app.build(), access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S,
-                                     keepalive_timeout=self.app.limits.header_timeout_s)
+                                     **self.app.limits.runner_options())
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
@@ -388,8 +386,7 @@ def serve_forever(engine: GenerationEngine, host: str, port: int, **app_options)
     app = ReferenceApp(engine, **app_options)
     try:
         web.run_app(app.build(), host=host, port=port, access_log=None, print=None,
-                    shutdown_timeout=SHUTDOWN_GRACE_S, handle_signals=True,
-                    keepalive_timeout=app.limits.header_timeout_s)
+                    shutdown_timeout=SHUTDOWN_GRACE_S, handle_signals=True, **app.limits.runner_options())
     except OSError as e:
         raise listen_error(host, port, e) from None
     finally:
