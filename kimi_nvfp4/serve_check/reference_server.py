@@ -40,16 +40,13 @@ from .http_limits import (BodyTimeout, PayloadTooLarge, ServerLimits, close_afte
 from .kimi_parsers import StreamSplitter, history_tool_calls, parse_tool_calls, reasoning_forced, split_reasoning
 from .launcher import ServerLaunchError
 from .step_scheduler import DEFAULT_MAX_RUNNING
-from .server_requests import (BadRequest, ServerBusy, parse_chat_request, parse_generate_request,
+from .server_requests import (DEFAULT_MAX_NEW_TOKENS_LIMIT, BadRequest, ServerBusy, parse_chat_request, parse_generate_request,
                               resolve_max_new_tokens, sampling_params)
 
 HEALTH_MAX_TOKENS = 1
 READY_TIMEOUT_S = 60.0
 # After SIGTERM/SIGINT: how long open connections get to finish (their requests stop at the next token).
 SHUTDOWN_GRACE_S = 5.0
-# Tokens one request may generate unless the server is told otherwise: the context (256k for K2) is
-# no default for an emulator that runs a few tokens a second; SGLANG_MAX_NEW_TOKENS_LIMIT's role.
-DEFAULT_MAX_NEW_TOKENS_LIMIT = 4096
 
 
 class ReferenceApp:
