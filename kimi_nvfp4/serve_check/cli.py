@@ -7,6 +7,9 @@ from pathlib import Path
 import click
 
 from .engine_worker import DEFAULT_MAX_PENDING
+from .generation_jobs import DEFAULT_TIME_BUDGET_S
+from .server_requests import DEFAULT_MAX_NEW_TOKENS_LIMIT
+from .step_scheduler import DEFAULT_MAX_RUNNING
 from ..stage_options import cli_options, options_from_cli
 from .options import ServeCheckOptions
 from .profiles import DEFAULT_PORT
@@ -101,11 +104,15 @@ def serve_check_command(checkpoint, report_dir, options: ServeCheckOptions, conc
 @click.option("--prefix-cache-tokens", type=int, default=None, help="prefix cache budget in tokens")
 @click.option("--model-name", default=None, help="served model name (default: folder name)")
 @click.option("--max-queued-requests", type=click.IntRange(min=1), default=DEFAULT_MAX_PENDING, show_default=True,
-              help="requests held at once (one runs, the rest wait); one more gets HTTP 503")
-@click.option("--max-new-tokens-limit", type=click.IntRange(min=1), default=None,
-              help="cap on the tokens one request may generate (default: the model's context)")
+              help="requests held at once (running + waiting); one more gets HTTP 503")
+@click.option("--max-running-requests", type=click.IntRange(min=1), default=DEFAULT_MAX_RUNNING, show_default=True,
+              help="requests generated at once, interleaved token by token (each holds its own KV cache)")
+@click.option("--max-new-tokens-limit", type=click.IntRange(min=0), default=DEFAULT_MAX_NEW_TOKENS_LIMIT,
+              show_default=True, help="cap on the tokens one request may generate; 0: the model's context")
+@click.option("--request-time-budget", type=click.FloatRange(min=0), default=DEFAULT_TIME_BUDGET_S,
+              show_default=True, help="wall seconds one generation may run before it ends as 'length'; 0: no budget")
 def serve_reference_command(checkpoint, host, port, device, activations, prefix_cache_tokens, model_name,
-                            max_queued_requests, max_new_tokens_limit):
+                            max_queued_requests, max_running_requests, max_new_tokens_limit, request_time_budget):
     """Serve an NVFP4 CHECKPOINT through the reference emulator with the subset of SGLang's HTTP API
     that serve-check uses (chat completions with streaming, usage and cached tokens; /generate;
     /health_generate; /v1/models; /get_server_info). Slow but exact: for CI and for debugging a
@@ -118,5 +125,6 @@ def serve_reference_command(checkpoint, host, port, device, activations, prefix_
     engine = EmulatorEngine(checkpoint, device=device, activations=activations, model_name=model_name,
                             prefix_cache_tokens=prefix_cache_tokens or DEFAULT_PREFIX_CACHE_TOKENS)
     click.echo(f"serving {checkpoint} ({activations}, {device}) on http://{host}:{port}", err=True)
-    serve_forever(engine, host, port, max_pending=max_queued_requests, max_new_tokens_limit=max_new_tokens_limit)
+    serve_forever(engine, host, port, max_pending=max_queued_requests, max_running=max_running_requests,
+                  max_new_tokens_limit=max_new_tokens_limit or None, time_budget_s=request_time_budget or None)
     click.echo("serve-reference stopped", err=True)

@@ -10,9 +10,12 @@ Endpoints (shapes follow sglang/srt/entrypoints/http_server.py and its OpenAI ad
 
 One request cannot monopolise it: requests are validated before they queue (server_requests: a
 prompt or a token budget beyond the context is a 400), at most `max_pending` are held (one more is
-a 503), a request whose client went away stops at its next token (or never starts), rendering runs
-off the event loop in its own thread (a template bomb is a 400 within the template budget), and
-stopping the server (SIGTERM/SIGINT, `ReferenceServer.stop`) stops every request at its next token.
+a 503), up to `max_running` of them are interleaved token by token (step_scheduler), each within a
+token cap (`max_new_tokens_limit`, DEFAULT_MAX_NEW_TOKENS_LIMIT unless told otherwise) and a wall
+time budget (`time_budget_s`), a request whose client went away stops at its next token (or never
+starts), bodies, slow readers and stalled sockets are bounded (http_limits), rendering runs off the
+event loop in its own thread (a template bomb is a 400 within the template budget), and stopping
+the server (SIGTERM/SIGINT, `ReferenceServer.stop`) stops every request at its next token.
 """
 
 from __future__ import annotations
@@ -31,38 +34,46 @@ from .. import __version__
 from ..errors import KimiNvfp4Error
 from .engine import GenerationEngine, SamplingParams
 from .engine_worker import DEFAULT_MAX_PENDING, EngineWorker, RequestCancelled
-from .generation_jobs import ClientGone, Generated, GenerationRunner
+from .generation_jobs import DEFAULT_TIME_BUDGET_S, ClientGone, Generated, GenerationRunner
+from .http_limits import (BodyTimeout, PayloadTooLarge, ServerLimits, close_after, limit_stream_buffers,
+                          read_json_body, write_or_close)
 from .kimi_parsers import StreamSplitter, history_tool_calls, parse_tool_calls, reasoning_forced, split_reasoning
 from .launcher import ServerLaunchError
-from .server_requests import (BadRequest, ServerBusy, parse_chat_request, parse_generate_request,
+from .step_scheduler import DEFAULT_MAX_RUNNING
+from .server_requests import (DEFAULT_MAX_NEW_TOKENS_LIMIT, BadRequest, ServerBusy, parse_chat_request, parse_generate_request,
                               resolve_max_new_tokens, sampling_params)
 
 HEALTH_MAX_TOKENS = 1
 READY_TIMEOUT_S = 60.0
 # After SIGTERM/SIGINT: how long open connections get to finish (their requests stop at the next token).
 SHUTDOWN_GRACE_S = 5.0
-# 100k-token prompts are megabytes of JSON.
-MAX_BODY_BYTES = 256 * 1024 * 1024
 
 
 class ReferenceApp:
     """aiohttp handlers bound to one engine.
 
     :param max_pending: requests held at once (running + waiting); one more gets a 503.
+    :param max_running: requests interleaved token by token (SGLang's --max-running-requests).
     :param max_new_tokens_limit: cap on the tokens one request may generate (SGLang's
         SGLANG_MAX_NEW_TOKENS_LIMIT); None: the model's context is the only limit.
+    :param time_budget_s: wall seconds one generation may run; past it, it ends as "length".
+    :param limits: body size and read time, write timeout of streams, header timeout.
     """
 
     def __init__(self, engine: GenerationEngine, *, max_pending: int = DEFAULT_MAX_PENDING,
-                 max_new_tokens_limit: int | None = None):
+                 max_running: int = DEFAULT_MAX_RUNNING,
+                 max_new_tokens_limit: int | None = DEFAULT_MAX_NEW_TOKENS_LIMIT,
+                 time_budget_s: float | None = DEFAULT_TIME_BUDGET_S, limits: ServerLimits | None = None):
         self.engine = engine
         self.max_new_tokens_limit = max_new_tokens_limit
-        self.runner = GenerationRunner(engine, max_pending)
+        self.limits = limits or ServerLimits()
+        self.runner = GenerationRunner(engine, max_pending, max_running=max_running, time_budget_s=time_budget_s)
         # templates render in their own thread: the event loop stays free while one runs to its budget
         self.renderer = EngineWorker("render", max_pending)
 
     def build(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        # read_json_body enforces the body limit itself (413 before reading); this is aiohttp's backstop
+        app = web.Application(client_max_size=self.limits.max_body_bytes)
         app.router.add_get("/health", self.health)
         app.router.add_get("/health_generate", self.health_generate)
         app.router.add_get("/v1/models", self.models)
@@ -94,12 +105,12 @@ class ReferenceApp:
             return await handler()
         except (BadRequest, ServerBusy) as e:
             return _error(e.status, str(e))
+        except (PayloadTooLarge, BodyTimeout) as e:  # the rest of the body is never read: close after
+            return close_after(_error(e.status, str(e)))
         except RequestCancelled as e:
             return _error(503, f"request cancelled: {e}")
         except ClientGone:
             return web.Response(status=499)  # nobody reads it; nginx's code for a closed client
-        except json.JSONDecodeError as e:
-            return _error(400, f"the request body is not JSON ({e.msg} at char {e.pos})")
         except Exception as e:
             return _error(500, f"generation failed: {type(e).__name__}: {e}")
 
@@ -135,8 +146,10 @@ class ReferenceApp:
             "version": f"kimi-nvfp4 {__version__} reference emulator",
             "reference_emulator": True,
             "emulated_activations": getattr(self.engine, "activations", None),
-            "max_queued_requests": self.runner.worker.max_pending,
+            "max_queued_requests": self.runner.max_pending,
+            "max_running_requests": self.runner.scheduler.max_running,
             "max_new_tokens_limit": self.max_new_tokens_limit,
+            "generation_time_budget_s": self.runner.time_budget_s,
             # an empty cache is still a cache: report it, zeros included
             "prefix_cache": {"cached_tokens": cache.cached_tokens, "snapshots": len(cache),
                              "hit_rate": cache.stats.hit_rate} if cache is not None else None,
@@ -149,7 +162,7 @@ class ReferenceApp:
         return await self._handle(lambda: self._generate(request))
 
     async def _generate(self, request: web.Request) -> web.Response:
-        body = parse_generate_request(await request.json(), self.engine.vocab_size)
+        body = parse_generate_request(await read_json_body(request, self.limits), self.engine.vocab_size)
         ids = body.input_ids if body.input_ids is not None else self.engine.encode(body.text or "")
         params = sampling_params(self._budget(body.max_new_tokens, ids), body.sampling)
         out = await self.runner.run(request, ids, params)
@@ -168,7 +181,7 @@ class ReferenceApp:
         return await self._handle(lambda: self._chat(request))
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
-        req = parse_chat_request(await request.json(), getattr(self.engine, "generation_defaults", None))
+        req = parse_chat_request(await read_json_body(request, self.limits), getattr(self.engine, "generation_defaults", None))
         prompt_ids = await self._render(req.messages, req.tools, req.template_kwargs)
         params = sampling_params(self._budget(req.max_new_tokens, prompt_ids), req.sampling)
         rid = "chatcmpl-" + uuid.uuid4().hex
@@ -205,6 +218,7 @@ class ReferenceApp:
         except (ConnectionResetError, asyncio.CancelledError):
             job.cancel()
             raise
+        limit_stream_buffers(request, self.limits)
         model = self.engine.model_name
 
         async def send(delta: dict | None, finish: str | None = None, usage: dict | None = None) -> None:
@@ -213,12 +227,16 @@ class ReferenceApp:
                                                            "logprobs": None}]}
             if usage is not None:
                 chunk["usage"] = usage
-            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            await write_or_close(request, resp, f"data: {json.dumps(chunk)}\n\n".encode(), self.limits)
 
         kwargs = req.template_kwargs
         splitter = StreamSplitter(force_reasoning=reasoning_forced(kwargs), parse_tools=bool(req.tools),
                                   tools=req.tools, force_nonempty_content=kwargs.get("force_nonempty_content") is True)
-        await send({"role": "assistant", "content": ""})
+        try:
+            await send({"role": "assistant", "content": ""})
+        except ClientGone:
+            job.cancel()
+            return resp
 
         async def on_delta(text: str) -> None:
             reasoning, content = splitter.feed(text)
@@ -234,9 +252,19 @@ class ReferenceApp:
         except Exception as e:  # headers are sent: report in-stream, as SGLang does
             code, message = (e.status, str(e)) if isinstance(e, (BadRequest, ServerBusy)) else \
                 (500, f"generation failed: {type(e).__name__}: {e}")
-            await resp.write(f"data: {json.dumps({'error': {'message': message, 'code': code}})}\n\n".encode())
-            await resp.write(b"data: [DONE]\n\n")
+            try:
+                await write_or_close(request, resp, f"data: {json.dumps({'error': {'message': message, 'code': code}})}"
+                                     "\n\ndata: [DONE]\n\n".encode(), self.limits)
+            except (ClientGone, ConnectionResetError):
+                pass
             return resp
+        try:
+            await self._finish_stream(request, resp, req, out, splitter, send)
+        except (ClientGone, ConnectionResetError):
+            pass  # the generation is over; a client that stopped reading only loses its tail
+        return resp
+
+    async def _finish_stream(self, request, resp, req, out, splitter, send) -> None:
         reasoning, content, calls = splitter.finish()
         if reasoning:
             await send({"reasoning_content": reasoning})
@@ -251,9 +279,8 @@ class ReferenceApp:
         await send({}, finish)
         if req.include_usage:
             await send(None, usage=_usage(out))
-        await resp.write(b"data: [DONE]\n\n")
+        await write_or_close(request, resp, b"data: [DONE]\n\n", self.limits)
         await resp.write_eof()
-        return resp
 
 
 def _usage(out: Generated) -> dict:
@@ -275,7 +302,7 @@ def _error(status: int, message: str) -> web.Response:
 class ReferenceServer:
     """Runs ReferenceApp on its own event loop in a background thread: `start()` returns the base URL.
 
-    `app_options` go to ReferenceApp (max_pending, max_new_tokens_limit).
+    `app_options` go to ReferenceApp (max_pending, max_running, max_new_tokens_limit, time_budget_s, limits).
     """
 
     def __init__(self, engine: GenerationEngine, host: str = "127.0.0.1", port: int = 0, **app_options):
@@ -294,7 +321,8 @@ class ReferenceServer:
         return f"http://{self.host}:{self.port}"
 
     async def _serve(self) -> None:
-        self._runner = web.AppRunner(self.app.build(), access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S)
+        self._runner = web.AppRunner(self.app.build(), access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S,
+                                     **self.app.limits.runner_options())
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
@@ -355,7 +383,7 @@ def serve_forever(engine: GenerationEngine, host: str, port: int, **app_options)
     app = ReferenceApp(engine, **app_options)
     try:
         web.run_app(app.build(), host=host, port=port, access_log=None, print=None,
-                    shutdown_timeout=SHUTDOWN_GRACE_S, handle_signals=True)
+                    shutdown_timeout=SHUTDOWN_GRACE_S, handle_signals=True, **app.limits.runner_options())
     except OSError as e:
         raise listen_error(host, port, e) from None
     finally:

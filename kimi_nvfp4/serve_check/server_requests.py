@@ -24,6 +24,9 @@ from typing import Any
 
 from .engine import SamplingParams
 
+# Tokens one request may generate unless the server is told otherwise: the context (256k for K2) is
+# no default for an emulator that runs a few tokens a second; SGLANG_MAX_NEW_TOKENS_LIMIT's role.
+DEFAULT_MAX_NEW_TOKENS_LIMIT = 4096
 # sglang/srt/sampling/sampling_params.py: SamplingParams.max_new_tokens default (native /generate).
 NATIVE_DEFAULT_MAX_NEW_TOKENS = 128
 # sglang/srt/entrypoints/openai/protocol.py ChatCompletionRequest._DEFAULT_SAMPLING_PARAMS (chat
