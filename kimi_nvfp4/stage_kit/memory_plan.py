@@ -341,7 +341,9 @@ def apply_gpu_cap(device: torch.device, cap: int | None) -> None:
     if device.type != "cuda" or not torch.cuda.is_available():
         return
     if "PYTORCH_CUDA_ALLOC_CONF" not in os.environ and "PYTORCH_ALLOC_CONF" not in os.environ:
-        torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+        # torch >= 2.10 names it per accelerator; the CUDA spelling is deprecated there
+        setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or torch.cuda.memory._set_allocator_settings
+        setter("expandable_segments:True")
     if cap is None:
         return
     index = torch.cuda.current_device() if device.index is None else device.index  # the API takes an index
