@@ -32,6 +32,7 @@ from ..model import LayerStreamRunner, NVFP4Weights
 from ..model.linear import NVFP4Linear
 from ..model.runner import CUDA_MAX_CHUNK_TOKENS, DEFAULT_MAX_CHUNK_TOKENS
 from ..stage_kit.device import AUTO_DTYPE, PhaseClock, dtype_name, resolve_device, resolve_dtype, synchronize
+from ..stage_kit.disk_space import warn_if_snapshots_cannot_fit
 from ..stage_kit.memory_plan import (
     MemoryPlan,
     announce,
@@ -360,6 +361,7 @@ def calibrate_checkpoint(
                       tokens=sum(int(s.numel()) for s in mine), streams=1, sources=1)
     apply_gpu_cap(dev, opts.gpu_memory)
     announce(plan, progress and ctx.is_main)
+    warn_if_snapshots_cannot_fit(plan.snapshot_bytes, output, opts.resume_every, "calibrate")
     resume = ResumeStore(output, CALIBRATE_STAGE, ctx, calibration_fingerprint(
         out_reader, ctx, data, mine, opts, device=dev, dtype=compute_dtype, stats_dir=stats_dir, kv_cache=kv_fp8), every=opts.resume_every,
         max_overhead=opts.resume_max_overhead)

@@ -140,6 +140,8 @@ class MemoryPlan(BaseModel):
     estimated_peak_gpu_bytes: int | None
     estimated_peak_host_bytes: int
     components: dict[str, int]
+    # one resume snapshot on disk: every stream's hidden states (stage_kit/disk_space.py)
+    snapshot_bytes: int = 0
 
     @property
     def states_on_host(self) -> bool:
@@ -242,7 +244,8 @@ def plan_memory(cfg: K2Config, *, stage: Stage, device: torch.device, dtype: tor
                 seq_len=seq_len, streams=streams, states_device=str(device) if on_device else "cpu",
                 chunk_tokens=chunk, materialize=materialize, prefetch=prefetch,
                 gpu_budget_bytes=gpu_cap, host_budget_bytes=host_cap, estimated_peak_gpu_bytes=gpu,
-                estimated_peak_host_bytes=host, components=comp)
+                estimated_peak_host_bytes=host, components=comp,
+                snapshot_bytes=streams * tokens * cfg.hidden_size * torch.empty((), dtype=dtype).element_size())
     raise ResourceError(_refusal(stage, device, tokens, streams, gpu_cap, host_cap, tried, chunk_tokens,
                                  states_device, cfg, dtype, seq_len, sources, gpu_memory, host_memory,
                                  default_chunk_tokens, baseline))

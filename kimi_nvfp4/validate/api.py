@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import torch
 
 from ..stage_kit.device import AUTO_DTYPE, PhaseClock, dtype_name, resolve_device, resolve_dtype, synchronize
+from ..stage_kit.disk_space import warn_if_snapshots_cannot_fit
 from ..stage_kit.memory_plan import (
     MemoryPlan,
     announce,
@@ -333,6 +334,7 @@ def validate_checkpoint(
     plan = _plan(out_reader, opts, dev, compute_dtype, sum(int(s.numel()) for s in mine), baseline)
     apply_gpu_cap(dev, opts.gpu_memory)
     announce(plan, progress and ctx.is_main)
+    warn_if_snapshots_cannot_fit(plan.snapshot_bytes, report_dir, opts.resume_every, "validate")
     resume = ValidationResume(ResumeStore(report_dir, VALIDATE_STAGE, ctx, validation_fingerprint(
         out_reader, src_reader, ctx, data, mine, opts, device=dev, dtype=compute_dtype, baseline=baseline, flag_rel_mse=thresholds.weight_rel_mse_max,
     ), every=opts.resume_every, max_overhead=opts.resume_max_overhead))
