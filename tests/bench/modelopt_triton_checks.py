@@ -25,7 +25,7 @@ import types
 
 import torch
 
-from bench.modelopt_cpu import fake_quant as ours
+from bench.harness.modelopt_cpu import fake_quant as ours
 
 BLOCK = 16
 

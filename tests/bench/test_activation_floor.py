@@ -16,7 +16,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from bench.activation_floor import (  # noqa: E402
+from bench.experiments.w4a4_floor.activation_floor import (  # noqa: E402
     DOWN,
     GATE_UP,
     INPUTS,

@@ -19,8 +19,8 @@ if str(REPO_ROOT) not in sys.path:  # bench/ lives beside the package, not insid
 pytest.importorskip("triton")
 mtq = pytest.importorskip("modelopt.torch.quantization")
 
-from bench.modelopt_cpu.fake_quant import fp4_fake_quant_block  # noqa: E402
-from bench.modelopt_cpu.patch import modelopt_on_cpu  # noqa: E402
+from bench.harness.modelopt_cpu.fake_quant import fp4_fake_quant_block  # noqa: E402
+from bench.harness.modelopt_cpu.patch import modelopt_on_cpu  # noqa: E402
 
 CHECKS = Path(__file__).with_name("modelopt_triton_checks.py")
 INTERPRETER_TIMEOUT_S = 600

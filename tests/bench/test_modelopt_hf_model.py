@@ -15,7 +15,7 @@ if str(REPO_ROOT) not in sys.path:
 
 pytest.importorskip("transformers")
 
-from bench.modelopt_cpu.hf_model import load_deepseek_v3  # noqa: E402
+from bench.harness.modelopt_cpu.hf_model import load_deepseek_v3  # noqa: E402
 from kimi_nvfp4.checkpoint.reader import CheckpointReader  # noqa: E402
 from kimi_nvfp4.demo_model import DEMO_CHECKPOINT  # noqa: E402
 from kimi_nvfp4.model import Int4SourceWeights, LayerStreamRunner  # noqa: E402

@@ -195,7 +195,7 @@ def test_an_indented_marker_is_text_not_a_block(tmp_path):
 
 
 def test_shared_expert_bytes_arithmetic_matches_k26_dimensions():
-    from bench.shared_expert_bytes import k26_bytes
+    from bench.experiments.shared_experts.bytes import k26_bytes
 
     cfg = {"hidden_size": 7168, "num_hidden_layers": 61, "first_k_dense_replace": 1, "moe_intermediate_size": 2048,
            "intermediate_size": 18432, "n_shared_experts": 1, "n_routed_experts": 384, "num_experts_per_tok": 8,
