@@ -1,6 +1,7 @@
 """Where a conversion's time goes: component rates and a cProfile of one convert run.
 
-    python bench/profile_convert.py --work /tmp/prof --device cuda --experts 32 --method amax
+    python -m bench.profile.convert --work /tmp/prof --device cuda --experts 32 --method amax \
+        --json bench/results/profile_convert_h200.json
 
 Prints (1) the rates of the pieces a shard job is made of, each measured alone on the same checkpoint:
 reading INT4 tensors into page-locked memory, sha256, the numerics of one expert (gate+up, down) with a
@@ -10,7 +11,6 @@ with the top functions by own time (the writer thread is not profiled); (3) the 
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import hashlib
 import io
@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from bench.harness.results import bench_parser, write_result
 
 GB = 1e9
 
@@ -94,7 +96,7 @@ def profiled_convert(source: Path, output: Path, device: str, method: str, worke
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = bench_parser(__doc__)
     ap.add_argument("--work", default="/tmp/profile_convert")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--method", default="int4-aware")
@@ -125,6 +127,7 @@ def main() -> None:
     total = sum(j.input_bytes for j in plan.jobs)
     print(f"checkpoint: {int4 / GB:.3f} GB INT4 of {total / GB:.3f} GB", flush=True)
     device = torch.device(args.device)
+    rates, converts = None, []
     if not args.no_components:
         rates = component_rates(source, device, args.method, min(args.experts, 16))
         print(json.dumps({k: round(v, 3) for k, v in rates.items()}), flush=True)
@@ -141,6 +144,11 @@ def main() -> None:
         print(f"--- convert {args.method} workers={workers} -> {output}: {seconds:.2f} s, {int4 / GB / seconds:.3f} GB/s INT4, "
               f"{total / GB / seconds:.3f} GB/s all", flush=True)
         print(text, flush=True)
+        converts.append({"workers": workers, "seconds": seconds, "gb_per_s_int4": int4 / GB / seconds,
+                         "gb_per_s_all": total / GB / seconds, "profile_top": text})
+    write_result(args.json, {"method": args.method, "layers": args.layers, "experts": args.experts,
+                             "int4_bytes": int4, "total_bytes": total, "component_rates": rates,
+                             "converts": converts}, device=args.device)
 
 
 if __name__ == "__main__":

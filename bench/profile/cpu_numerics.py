@@ -1,6 +1,6 @@
 """CPU timings of one K2.6 expert's conversion numerics, per step (best of several runs: the CPU is shared).
 
-    python bench/profile_cpu_numerics.py [--repeat 5]
+    python -m bench.profile.cpu_numerics [--repeat 5] --json bench/results/profile_cpu_numerics.json
 
 Builds a gate/up pair ([2048, 7168] each, uniform codes) and times the CPU byte-lookup steps (docs/numerics.md:
 block keys, the int4-aware search, the encode, the error statistics) and whole conversions (gate+up, with and
@@ -9,7 +9,6 @@ without stats) for `int4-aware` and `amax`.
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import torch
@@ -24,6 +23,7 @@ from kimi_nvfp4.numerics.methods.search.rule import power_of_two_tensor_scale
 from kimi_nvfp4.numerics.methods.stats import error_sums
 from kimi_nvfp4.numerics.nvfp4 import tensor_scale_from_amax
 
+from bench.harness.results import bench_parser, write_result
 from bench.harness.synthetic_experts import expert
 
 
@@ -38,7 +38,7 @@ def best_ms(f, repeat: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = bench_parser(__doc__)
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
     gate, up = expert(torch.Generator().manual_seed(0), "cpu")[0]
@@ -65,8 +65,12 @@ def main() -> None:
         "groups gate+up int4-aware +stats": lambda: quantize_int4_groups([[gate, up]], aware, record_stats=True),
         "groups gate+up amax +stats": lambda: quantize_int4_groups([[gate, up]], amax, record_stats=True),
     }
+    timings = []
     for label, f in rows.items():
-        print(f"{label:36s} {best_ms(f, args.repeat):8.1f} ms", flush=True)
+        ms = best_ms(f, args.repeat)
+        print(f"{label:36s} {ms:8.1f} ms", flush=True)
+        timings.append({"step": label, "best_ms": ms})
+    write_result(args.json, {"repeat": args.repeat, "rows": timings}, device="cpu")
 
 
 if __name__ == "__main__":

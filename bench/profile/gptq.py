@@ -13,18 +13,18 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 from kimi_nvfp4.numerics.constants import NVFP4_BLOCK_SIZE
 from kimi_nvfp4.numerics.e4m3 import e4m3_bits, round_block_scale_to_e4m3
 from kimi_nvfp4.numerics.methods.output_aware import gptq_solver
 from kimi_nvfp4.numerics.nvfp4 import tensor_scale_from_amax
+
+from bench.harness.provenance import provenance
 
 K26_SHAPES = {"gate_up": (2 * 2048, 7168), "down": (7168, 2048)}  # rows (gate and up stacked), input width
 
@@ -73,9 +73,7 @@ def main() -> None:
     _sync(device)
     total_s = time.perf_counter() - t0
     record = {
-        "command": "python bench/profile_gptq.py " + " ".join(a for a in sys.argv[1:] if not a.startswith("--json")
-                                                             and a != str(args.json)),
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        **provenance(device=device),
         "machine": platform.platform(), "kind": args.kind, "experts": args.experts, "rows": rows, "width": width,
         "factor_s": factor_s, "gptq_quantize_s": total_s, "column_loop_s": total_s - factor_s,
         "s_per_expert": total_s / args.experts, "projected_s_per_384_experts": total_s / args.experts * 384,

@@ -31,7 +31,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-RESULTS = Path(__file__).parent / "results" / "kv_cache_scales.json"
+from bench.harness.provenance import REPO_ROOT, provenance
+
+RESULTS = REPO_ROOT / "bench" / "results" / "kv_cache_scales.json"
 
 
 def _decode(model, ids: torch.Tensor, transform, ropes) -> torch.Tensor:
@@ -156,6 +158,7 @@ def main() -> None:
         print(json.dumps(row), flush=True)
         rows.append(row)
     result = {
+        **provenance(device="cpu"),
         "model": "bundled demo (tiny K2, INT4 source, fp32 reference model), decoded token by token",
         "calibration": {"data": "builtin", "samples": args.samples, "seq_len": args.seq_len,
                         "min_expert_tokens": args.min_expert_tokens},

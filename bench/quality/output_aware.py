@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import sys
 import time
 from pathlib import Path
 
@@ -46,6 +44,8 @@ from kimi_nvfp4.numerics.methods import (
 )
 from kimi_nvfp4.numerics.methods.output_aware import refine as refine_module
 from kimi_nvfp4.numerics.nvfp4 import NVFP4Tensor, dequantize_nvfp4
+
+from bench.harness.provenance import provenance
 
 LOW_RANK = 16
 HIDDEN_OUTLIERS, HIDDEN_OUTLIER_GAIN, HIDDEN_CHANNEL_SIGMA = 8, 30.0, 0.5
@@ -250,9 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None, help="write the results here (bench/results/...)")
     args = parser.parse_args(argv)
     record = {
-        "command": " ".join(["python", "bench/bench_output_aware.py"] + (argv if argv is not None else sys.argv[1:])),
-        "host": platform.node(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-        "device": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu",
+        **provenance(None if argv is None else [__file__, *argv], device=args.device),
+        "threads": torch.get_num_threads(),
     }
     if args.token_sweep:
         record["token_sweep"] = token_sweep(args.rows or HIDDEN, args.seed, args.eval_tokens, args.fractions)

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 from pathlib import Path
 
+from bench.harness.provenance import demo_cpu_header
 from bench.harness.heldout import draw_spread, prepare_method
 
 MODES = ("w4a16", "w4a4")
@@ -69,10 +69,7 @@ def main() -> None:
         print(json.dumps(s), flush=True)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({
-        "command": "python bench/bench_requantize_accuracy.py " + " ".join(
-            f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
-            for k, v in vars(args).items() if k not in ("work_dir", "json")),
-        "machine": platform.platform(), "model": "demo (kimi_nvfp4/assets/tiny_k2)",
+        **demo_cpu_header(args),
         "prepare_seconds": seconds, "statistics": stats, "rows": rows, "summary": summaries,
     }, indent=2))
 

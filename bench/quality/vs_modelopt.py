@@ -32,7 +32,6 @@ from pathlib import Path
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 from bench.harness.heldout import draw_spread, prepare_method
 from bench.harness.heldout import MODES, add_draw_arguments, draw_settings, heldout_figures, heldout_sequences

@@ -1,6 +1,7 @@
 """Which part of the pipeline limits a conversion: the same conversion with one cost removed at a time.
 
-    python bench/convert_ablation.py --work /tmp/prof --device cuda --experts 64 --shards 8 --workers 8
+    python -m bench.experiments.convert_ablation.ablation --work /tmp/prof --device cuda --experts 64 --shards 8 \
+        --workers 8 --json bench/results/convert_ablation_h200.json
 
 All runs share one process, after a warm-up conversion (CUDA context, kernel loading), so each row is a
 steady-state time. Rows: as shipped (durable: every shard fsynced); `--no-fsync` (a user option: write-back
@@ -13,7 +14,6 @@ and all tensors), and each run's phase seconds (job threads, summed over jobs).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import json
@@ -21,6 +21,8 @@ import os
 import shutil
 import time
 from pathlib import Path
+
+from bench.harness.results import bench_parser, write_result
 
 GB = 1e9
 
@@ -48,7 +50,7 @@ def _patched(no_hash: bool):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = bench_parser(__doc__)
     ap.add_argument("--work", default="/tmp/convert_ablation")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--method", dest="methods", action="append", help="Repeatable (default: int4-aware).")
@@ -112,6 +114,7 @@ def main() -> None:
     intervals = args.switch_interval or [sys.getswitchinterval()]
     default_interval = sys.getswitchinterval()
     grid = [(m, r, n, w, i) for m in methods for r in rings for n in chosen for w in workers_list for i in intervals]
+    results = []
     for method, ring, number, workers, interval in grid:
         job._PINNED_INPUT_RING["cuda"] = ring
         sys.setswitchinterval(interval)
@@ -134,6 +137,11 @@ def main() -> None:
         phases = {k: round(v, 2) for k, v in summary.phase_seconds.items()}
         print(f"{method:10s} {name:30s} {seconds:6.2f} s  {int4 / GB / seconds:6.3f} GB/s INT4  "
               f"{total / GB / seconds:6.3f} GB/s all  phases {json.dumps(phases)}", flush=True)
+        results.append({"method": method, "row": name, "workers": workers, "switch_interval_s": interval,
+                        "pinned_input_ring": ring, "seconds": seconds, "gb_per_s_int4": int4 / GB / seconds,
+                        "gb_per_s_all": total / GB / seconds, "phase_seconds": phases})
+    write_result(args.json, {"layers": args.layers, "experts": args.experts, "shards": args.shards,
+                             "int4_bytes": int4, "total_bytes": total, "rows": results}, device=args.device)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ import shutil
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 from bench.harness.heldout import draw_spread
 from bench.harness.layer_error import expert_layer_errors

@@ -29,7 +29,6 @@ from pathlib import Path
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 from bench.experiments.w4a4_floor.activation_floor import (
     DOWN,

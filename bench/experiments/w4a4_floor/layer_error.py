@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import shutil
 from pathlib import Path
 
 import torch
 
 from bench.harness.layer_error import expert_layer_errors
+from bench.harness.provenance import demo_cpu_header
 
 BASE_METHOD = "int4-aware"
 STATS_FOLDER = "int4-aware+w4a4"  # bench_requantize_accuracy.prepare_method's base for the w4a4 methods
@@ -73,10 +73,7 @@ def main() -> None:
             print(json.dumps(rows[-1]), flush=True)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({
-        "command": "python bench/bench_w4a4_layer_error.py " + " ".join(
-            f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
-            for k, v in vars(args).items() if k not in ("work_dir", "json")),
-        "device": "cpu", "machine": platform.platform(), "model": "demo (kimi_nvfp4/assets/tiny_k2)",
+        **demo_cpu_header(args),
         "settings": {"fitted_seed": fitted_seed, "other_seed": args.other_seed, "samples": args.samples,
                      "seq_len": args.seq_len, "sequences_shared": shared},
         "rows": rows,
