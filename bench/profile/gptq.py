@@ -5,7 +5,7 @@ Times `gptq_solver.gptq_quantize` on `--experts` experts of one input kind with 
 well-conditioned Hessian (random, not calibration statistics: timing only), split into the inverse-Hessian factor
 and the column loop, with torch.profiler's top CUDA kernels by count and time for the column loop.
 
-    python bench/profile_gptq.py --device cuda --experts 16 --kind gate_up --json bench/results/profile_gptq_h200.json
+    python -m bench.profile.gptq --device cuda --experts 16 --kind gate_up --json bench/results/profile_gptq_h200.json
 """
 
 from __future__ import annotations

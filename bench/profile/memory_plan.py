@@ -8,7 +8,7 @@ plan's settings on random token ids, and records the estimated and the measured 
 `max_memory_reserved`, what the caching allocator took from the GPU) with the time per MoE layer. A case that runs
 out of memory is recorded as such. Results are written after every case.
 
-    python -m bench.bench_memory_plan --work-dir /tmp/kimi_plan --json bench/results/memory_plan_h200.json
+    python -m bench.profile.memory_plan --work-dir /tmp/kimi_plan --json bench/results/memory_plan_h200.json
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """Where calibrate's and validate's time goes on a K2.6-shaped layer (torch.profiler + cProfile).
 
-Builds (or reuses) the synthetic K2.6-dimension checkpoint of bench_calibrate.py (`--layers`, 384 experts
+Builds (or reuses) the synthetic K2.6-dimension checkpoint of bench.speed.calibrate (`--layers`, 384 experts
 by default), then runs the calibrate layer loop and validate's side-by-side stream comparison once each
 under torch.profiler (kernel time per op) and cProfile (Python time per function), and writes the top
 entries as JSON. Run on the H200:
 
-    python bench/profile_model_stages.py --device cuda --work-dir /tmp/kimi_bench --samples 32 --json prof.json
+    python -m bench.profile.model_stages --device cuda --work-dir /tmp/kimi_bench --samples 32 --json prof.json
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ that every output row is bit-identical (on) -- and to measure how far apart the 
 Calibrate's layer step is two such passes (observe, advance), validate's one per stream, so the ratio is the
 stages' cost ratio per layer up to their statistics.
 
-    python bench/bench_batch_invariance.py --device cuda --experts 384 --tokens 65536 --json bench/results/batch_invariance_h200.json
-    python bench/bench_batch_invariance.py --device cpu --experts 16 --tokens 1024 --json bench/results/batch_invariance_cpu.json
+    python -m bench.quality.batch_invariance --device cuda --experts 384 --tokens 65536 --json bench/results/batch_invariance_h200.json
+    python -m bench.quality.batch_invariance --device cpu --experts 16 --tokens 1024 --json bench/results/batch_invariance_cpu.json
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The device machine receives a copy of the working tree whose git metadata may na
 `git_commit` the file records `tree`: the git tree hash of the files that ran (`git write-tree` over a scratch
 index), which equals `git rev-parse COMMIT^{tree}` of the commit they were sent from.
 
-    python -m bench.record_gpu_tests --json bench/results/gpu_tests_h200.json [-- extra pytest args]
+    python -m bench.quality.gpu_tests --json bench/results/gpu_tests_h200.json [-- extra pytest args]
 """
 
 from __future__ import annotations

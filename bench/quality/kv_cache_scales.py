@@ -15,7 +15,7 @@
    KL(reference || variant) per token (mean, p99), top-1 agreement, and perplexity of the actual next token.
 Writes bench/results/kv_cache_scales.json.
 
-    PYTHONPATH=. python bench/bench_kv_cache_scales.py --work-dir /tmp/kimi_nvfp4_kv
+    python -m bench.quality.kv_cache_scales --work-dir /tmp/kimi_nvfp4_kv
 """
 
 from __future__ import annotations

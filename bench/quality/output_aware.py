@@ -1,8 +1,8 @@
 """Output-aware scale methods on K2.6-dimension expert matrices with synthetic heavy-tailed activations.
 
-    python bench/bench_output_aware.py --rows 256 --json bench/results/bench_output_aware.json
-    python bench/bench_output_aware.py --rows 256 --token-sweep --json bench/results/bench_output_aware_tokens.json
-    python bench/bench_output_aware.py --device cuda --experts 16 --json bench/results/bench_output_aware_h200.json
+    python -m bench.quality.output_aware --rows 256 --json bench/results/bench_output_aware.json
+    python -m bench.quality.output_aware --rows 256 --token-sweep --json bench/results/bench_output_aware_tokens.json
+    python -m bench.quality.output_aware --device cuda --experts 16 --json bench/results/bench_output_aware_h200.json
 
 Matrices: an expert's gate/up [2048, 7168] (reading the hidden state) and down [7168, 2048] (reading the
 intermediate), INT4 as compressed-tensors quantizes Gaussian weights (`bench_scale_methods.synthetic_int4`);

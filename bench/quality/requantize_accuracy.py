@@ -7,7 +7,7 @@ calibrated with the same data and settings. Then validate (W4A16 and W4A4, SGLan
 reduction) on `--seeds` held-out draws of `--validate-samples` x `--seq-len` tokens each. Prints a JSON row per
 (method, seed), then the mean and spread per method, and writes all to --json.
 
-    PYTHONPATH=. python bench/bench_requantize_accuracy.py --work-dir /tmp/kimi_nvfp4_requant \\
+    python -m bench.quality.requantize_accuracy --work-dir /tmp/kimi_nvfp4_requant \\
         --json bench/results/requantize_accuracy_demo_cpu.json
 """
 

@@ -11,9 +11,9 @@ Also Model Optimizer itself on the BF16-dequantized weights: NVFP4QTensor defaul
 NVFP4_FOUR_OVER_SIX_CFG and NVFP4_W4A4_WEIGHT_MSE_FP8_SWEEP_CFG calibrations when they run on this
 device (they need Triton, so CUDA only).
 
-    python bench/bench_scale_methods.py --device cpu --experts 1 --rows 256
-    python bench/bench_scale_methods.py --checkpoint demo --experts 1000
-    python bench/bench_scale_methods.py --device cuda --experts 8 --json out.json
+    python -m bench.quality.scale_methods --device cpu --experts 1 --rows 256
+    python -m bench.quality.scale_methods --checkpoint demo --experts 1000
+    python -m bench.quality.scale_methods --device cuda --experts 8 --json out.json
 """
 
 from __future__ import annotations

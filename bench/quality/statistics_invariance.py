@@ -6,7 +6,7 @@ Input scales and activations are batch-invariant (model/batch_invariant.py), but
 over its tokens (X^T X), and a GEMM's reduction over tokens is grouped by chunk: the same terms in other groups.
 This measures by how much the statistics differ and how many bytes of the requantized expert shards it changes.
 
-    python -m bench.bench_statistics_invariance --json bench/results/statistics_invariance_demo_cpu.json
+    python -m bench.quality.statistics_invariance --json bench/results/statistics_invariance_demo_cpu.json
 """
 
 from __future__ import annotations

@@ -1,23 +1,23 @@
 """Our scale methods against Model Optimizer 0.47's own NVFP4 recipes, one run, same model, same data (issue 16).
 
 Reference: the INT4 demo model (`Int4SourceWeights`). Rows:
-- ours (`--methods`): convert -> calibrate [-> requantize] exactly as bench_requantize_accuracy.py
+- ours (`--methods`): convert -> calibrate [-> requantize] exactly as bench.quality.requantize_accuracy
   (`prepare_method`, imported);
 - Model Optimizer (`--recipes`): the INT4 model dequantized exactly into transformers' DeepseekV3 (fused 3-D
   experts, which Model Optimizer's `_QuantFusedExperts` plugin quantizes per expert with one shared input
-  quantizer per layer for gate/up and one for down; bench/modelopt_cpu/hf_model.py), each recipe restricted to
+  quantizer per layer for gate/up and one for down; bench/harness/modelopt_cpu/hf_model.py), each recipe restricted to
   the routed experts and calibrated by `mtq.quantize` with a forward loop over the calibration sequences our
   calibrate uses (same data, `--samples`, `--seq-len`, calibrate's default seed), its NVFP4 CPU kernels replaced
-  by bit-exact pure-torch twins (bench/modelopt_cpu/patch.py says what is patched), exported by Model
-  Optimizer's fused-experts exporter into a copy of the `amax` checkpoint (bench/modelopt_cpu/recipes.py).
+  by bit-exact pure-torch twins (bench/harness/modelopt_cpu/patch.py says what is patched), exported by Model
+  Optimizer's fused-experts exporter into a copy of the `amax` checkpoint (bench/harness/modelopt_cpu/recipes.py).
 Every row is then measured the same way on the same held-out draws (`--seeds`): validate's KL mean / p99, top-1
-and perplexity ratio, W4A16 and W4A4 (SGLang's per-layer max input scales), bench/heldout_kl.py. A recipe that
+and perplexity ratio, W4A16 and W4A4 (SGLang's per-layer max input scales), bench/harness/heldout.py. A recipe that
 fails is recorded with its error, not dropped silently; one whose exported weights are byte-identical to another
 recipe's is flagged (`weights_identical_to`: in 0.47 AWQ-lite does not visit fused experts, so it equals the
 default recipe). Defaults: the issue's 64 x 256 = 16k held-out tokens per draw, four draws; on the shared 2-core
-CPU the committed run uses 16 x 256 (bench_requantize_accuracy.py's settings).
+CPU the committed run uses 16 x 256 (bench.quality.requantize_accuracy's settings).
 
-    PYTHONPATH=. python bench/bench_accuracy_vs_modelopt.py --seeds 1 2 3 4 \\
+    python -m bench.quality.vs_modelopt --seeds 1 2 3 4 \\
         --json bench/results/accuracy_vs_modelopt_demo_cpu.json
 """
 

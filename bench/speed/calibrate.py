@@ -7,11 +7,11 @@ over `--samples` x `--seq-len` tokens, in `--dtype` (auto: bf16 on CUDA, fp32 on
 Projection for Kimi K2.6: first_k_dense_replace dense layers + 60 MoE layers at the measured
 per-layer times. Writes JSON (and prints a table); run on the H200 with `--device cuda`:
 
-    python bench/bench_calibrate.py --device cuda --work-dir /tmp/kimi_bench --json bench_calibrate.json
+    python -m bench.speed.calibrate --device cuda --work-dir /tmp/kimi_bench --json bench_calibrate.json
 
 A CPU smoke run (tiny sizes; the synthetic checkpoint takes ~20 s per GB to write):
 
-    python bench/bench_calibrate.py --device cpu --layers 2 --experts 4 --vocab-size 4096 --samples 2 \
+    python -m bench.speed.calibrate --device cpu --layers 2 --experts 4 --vocab-size 4096 --samples 2 \
         --seq-len 128 --work-dir /tmp/kimi_bench_cpu --json /tmp/bench_calibrate_cpu.json
 
 Tokens are random ids by default (routing on synthetic weights is arbitrary anyway); `--data SPEC`
@@ -21,7 +21,7 @@ renders real sessions with the synthetic checkpoint's tokenizer instead.
 calibrate with each policy, then validate (W4A4, held-out sessions) under both SGLang input-scale
 reductions, and report KL / top-1 / perplexity for each (how the default policy was chosen):
 
-    python bench/bench_calibrate.py --compare-policies --device cpu --data builtin --samples 4 \
+    python -m bench.speed.calibrate --compare-policies --device cpu --data builtin --samples 4 \
         --seq-len 256 --min-expert-tokens 64 --validate-samples 16 --json policies.json
 """
 

@@ -3,10 +3,10 @@
 Each conversion runs in its own child process so that its peak RSS (VmHWM) belongs to it alone; a
 child that only imports torch and our package gives the baseline RSS to subtract.
 
-    python bench/bench_convert.py --work /tmp/bench_convert --method amax --method int4-aware       # CPU
-    python bench/bench_convert.py --work /tmp/bench_convert --device cuda --experts 64 --workers 4   # H200
-    python bench/bench_convert.py ... --peer-python /tmp/venv-llmc/bin/python   # llm-compressor in another venv
-    python bench/bench_convert.py --device cuda --experts 384 --layers 2 --synth-device cuda --workers 4   # real MoE layer
+    python -m bench.speed.convert --work /tmp/bench_convert --method amax --method int4-aware       # CPU
+    python -m bench.speed.convert --work /tmp/bench_convert --device cuda --experts 64 --workers 4   # H200
+    python -m bench.speed.convert ... --peer-python /tmp/venv-llmc/bin/python   # llm-compressor in another venv
+    python -m bench.speed.convert --device cuda --experts 384 --layers 2 --synth-device cuda --workers 4   # real MoE layer
 
 The checkpoint is `synth --preset k2.6` (real K2.6 tensor shapes) with few layers and experts.
 Speed is GB/s of INT4 expert input (weight_packed + weight_scale bytes) over the wall time of the

@@ -12,9 +12,9 @@ Two cases:
 Reports tokens/s and peak memory (CUDA: `torch.cuda.max_memory_allocated`; CPU: process peak RSS),
 as a table on stdout and optionally JSON (`--json`).
 
-    python bench/bench_model_layer.py --device cuda --tokens 16384 --experts 384
-    python bench/bench_model_layer.py --device cpu --preset tiny --tokens 4096
-    python bench/bench_model_layer.py --device cpu --tokens 256 --experts 16 --seq-len 256
+    python -m bench.speed.model_layer --device cuda --tokens 16384 --experts 384
+    python -m bench.speed.model_layer --device cpu --preset tiny --tokens 4096
+    python -m bench.speed.model_layer --device cpu --tokens 256 --experts 16 --seq-len 256
 """
 
 from __future__ import annotations

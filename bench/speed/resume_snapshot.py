@@ -1,7 +1,7 @@
 """What a resume snapshot costs on this host: write and read rates of `stage_kit.resume.ResumeStore` with
 hidden-state streams of K2.6's width, held on the compute device as calibrate and validate hold them.
 
-    python bench/bench_resume_snapshot.py --device cuda --folder /tmp/snap --streams 2 --samples 128 \
+    python -m bench.speed.resume_snapshot --device cuda --folder /tmp/snap --streams 2 --samples 128 \
         --json bench/results/resume_snapshot_h200.json
 
 Writes one snapshot (`--streams` streams x `--samples` sequences x `--seq-len` tokens x `--hidden` bf16) through

@@ -10,8 +10,8 @@ conversations + window + pick `--samples` windows of `--seq-len`): the bounded s
 (data/stream_windows.py) and, with `--window-in-memory`, the exact in-memory one (data/windows.py). Each mode runs
 in its own child process, so each peak RSS is its own.
 
-    python bench/bench_traffic_import.py --requests 100000 --json bench/results/traffic_import_cpu.json
-    python bench/bench_traffic_import.py --requests 20000 --window --window-in-memory \
+    python -m bench.speed.traffic_import --requests 100000 --json bench/results/traffic_import_cpu.json
+    python -m bench.speed.traffic_import --requests 20000 --window --window-in-memory \
         --json bench/results/traffic_window_20k_cpu.json
 """
 

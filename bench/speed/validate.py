@@ -7,7 +7,7 @@ stream + one NVFP4 stream per mode, weight check and per-expert errors included)
 comparison. Projection for K2.6 = 1 dense + 60 MoE layers at the measured per-layer times, plus
 logits and the structure scan scaled by tensor bytes. Run on the H200:
 
-    python bench/bench_validate.py --device cuda --work-dir /tmp/kimi_bench --json bench_validate.json
+    python -m bench.speed.validate --device cuda --work-dir /tmp/kimi_bench --json bench_validate.json
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""bench/activation_floor.py: the W4A4 floor model is the INT4 model plus only what it claims to add.
+"""bench/experiments/w4a4_floor/activation_floor.py: the W4A4 floor model is the INT4 model plus only what it claims to add.
 
 Without input quantization, exact weights reproduce the INT4 reference's logits (bit for bit untransformed or with
 power-of-two smoothing, to float rounding with the rotation), so every KL the bench reports comes from the input

@@ -1,4 +1,4 @@
-"""bench/modelopt_cpu: the pure-torch NVFP4 fake quantization is Model Optimizer's, bit for bit, and the CPU
+"""bench/harness/modelopt_cpu: the pure-torch NVFP4 fake quantization is Model Optimizer's, bit for bit, and the CPU
 patch lets Model Optimizer's own recipes run (and restores everything afterwards)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""bench/modelopt_cpu/hf_model.py: transformers' DeepseekV3 holding the dequantized INT4 demo checkpoint computes
+"""bench/harness/modelopt_cpu/hf_model.py: transformers' DeepseekV3 holding the dequantized INT4 demo checkpoint computes
 the same logits as our INT4 reference model, so Model Optimizer's recipes are run on the model validate measures."""
 
 from __future__ import annotations

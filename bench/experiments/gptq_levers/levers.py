@@ -12,9 +12,9 @@ the Hessian's noise is the obvious suspect. Three levers on it, each against `gp
 The first two are gptq's options (`--method-option damping=0.1`, `shrinkage_scale=4`: `GptqOptions`, recorded in
 the requantize stage's manifest record); the shipped defaults are unchanged. Measured: the layer-local errors summed over experts with dense statistics, as a
 multiple of int4-aware's, under statistics of other calibration-part tokens (seed `--other-seed`,
-bench_w4a4_layer_error.py's `_errors`), and validate's KL / top-1 on the held-out draws (`--seeds`).
+bench.experiments.w4a4_floor.layer_error's `_errors`), and validate's KL / top-1 on the held-out draws (`--seeds`).
 
-    PYTHONPATH=. python bench/bench_gptq_levers.py --seeds 1 2 3 4 --json bench/results/gptq_levers_demo_cpu.json
+    python -m bench.experiments.gptq_levers.levers --seeds 1 2 3 4 --json bench/results/gptq_levers_demo_cpu.json
 """
 
 from __future__ import annotations

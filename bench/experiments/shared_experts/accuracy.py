@@ -4,7 +4,7 @@ Same data as docs/benchmarks.md §5 (builtin sessions, calibrate 4 x 256 tokens,
 validate 16 x 256, W4A16 and W4A4 modes, SGLang's layer-max input-scale reduction). Prints a JSON row per
 option and writes them to --json.
 
-    PYTHONPATH=. python bench/bench_shared_experts.py --work-dir /tmp/kimi_nvfp4_shared
+    python -m bench.experiments.shared_experts.accuracy --work-dir /tmp/kimi_nvfp4_shared
 """
 
 from __future__ import annotations

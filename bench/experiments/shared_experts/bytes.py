@@ -6,7 +6,7 @@ batch 1 (each weight the token touches, read once: top-k routed experts in NVFP4
 projections in BF16, the dense layers' MLP, the routers and lm_head; embedding rows and KV cache left out).
 Writes JSON for docs/benchmarks.md §11:
 
-    python bench/shared_expert_bytes.py --json bench/results/shared_expert_bytes_k26.json
+    python -m bench.experiments.shared_experts.bytes --json bench/results/shared_expert_bytes_k26.json
 """
 
 from __future__ import annotations

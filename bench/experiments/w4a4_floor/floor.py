@@ -2,13 +2,13 @@
 
 Issue 16's W4A4 goal is KL <= 0.62x `amax`'s. Every method so far changes only the routed experts' NVFP4 weights,
 but SGLang's W4A4 path also quantizes the experts' inputs (static per-layer input scale, NVFP4 blocks of 16). This
-bench measures, on the same held-out draws as bench_accuracy_vs_modelopt.py and with validate's metrics:
+bench measures, on the same held-out draws as bench.quality.vs_modelopt and with validate's metrics:
 
-- `amax` and `gptq` as validate sees them (checkpoints prepared as in bench_requantize_accuracy.py, W4A16 and W4A4);
+- `amax` and `gptq` as validate sees them (checkpoints prepared as in bench.quality.requantize_accuracy, W4A16 and W4A4);
 - the **floor**: the routed experts with their exact INT4 weights and only the served input quantization, of the
-  gate/up inputs, the down inputs, or both (bench/activation_floor.py). No weight method can go below the "both" row,
+  gate/up inputs, the down inputs, or both (bench/experiments/w4a4_floor/activation_floor.py). No weight method can go below the "both" row,
   since its weight error is zero;
-- two transforms a served checkpoint can carry without kernel changes (bench/activation_floor.py's docstring):
+- two transforms a served checkpoint can carry without kernel changes (bench/experiments/w4a4_floor/activation_floor.py's docstring):
   power-of-two SmoothQuant factors folded into `post_attention_layernorm` (`--alpha`), and a 16-wide block
   Hadamard rotation of the residual stream; first with exact weights (what they do to the activation error alone),
   then with the transformed weights quantized by the BF16-source MSE block rule, against the same rule without a
@@ -17,7 +17,7 @@ bench measures, on the same held-out draws as bench_accuracy_vs_modelopt.py and 
 The floor and transform rows calibrate their static input scales on the calibration sequences calibrate uses
 (`--samples` x `--seq-len`, calibrate's seed), once, and keep them for every draw.
 
-    PYTHONPATH=. python bench/bench_w4a4_floor.py --seeds 1 2 3 4 --json bench/results/w4a4_floor_demo_cpu.json
+    python -m bench.experiments.w4a4_floor.floor --seeds 1 2 3 4 --json bench/results/w4a4_floor_demo_cpu.json
 """
 
 from __future__ import annotations

@@ -5,10 +5,10 @@ E||W x - Q x||^2 against the INT4 weights W (`output_aware/output_error.py`), su
 (gate/up, down), as a multiple of int4-aware's. Two sets of statistics, both from `calibrate --expert-stats w4a4`
 on the int4-aware conversion: the calibration the methods were fitted on (calibrate's seed 0: in-sample), and the
 same number of other calibration-part sequences (`--other-seed`, checked to share no sequence with seed 0). Reads
-the checkpoints a run of bench_accuracy_vs_modelopt.py left in `--work-dir` (one folder per method, and
+the checkpoints a run of bench.quality.vs_modelopt left in `--work-dir` (one folder per method, and
 `int4-aware+w4a4`).
 
-    PYTHONPATH=. python bench/bench_w4a4_layer_error.py --work-dir /tmp/a4_vs \\
+    python -m bench.experiments.w4a4_floor.layer_error --work-dir /tmp/a4_vs \\
         --json bench/results/w4a4_layer_error_demo_cpu.json
 """
 
