@@ -1,7 +1,23 @@
 #!/usr/bin/env bash
 # Runs the GPU tests and GPU benchmarks on one H200 (the device tool's machine), part by part,
 # each bounded by its own timeout so one slow step cannot eat the whole call.
-# Usage (from the repo root): bash bench/gpu_suite.sh PART OUTDIR   (PART: session7 | model13s6 | tests | kernels | e2e | final3 | calibrate384 | spy | knobs | convert | final | calibrate | stages)
+# Usage (from the repo root): bash bench/gpu_suite.sh PART OUTDIR
+# Parts, named by what they measure:
+#   tests                GPU-marked tests (recorded as a result file) + scale methods on the GPU
+#   convert              convert's rate (--skip-peer) + the reference model layer
+#   convert-profile      GPU tests, the numerics' kernel profile, the ablation, convert at 96 experts
+#   kernels              GPU tests, the Triton launch shapes, the disk's durable write rate
+#   convert-k26          the convert ablation on K2.6's 384 experts
+#   convert-input-ring   GPU tests, kernel rates, then the 384-expert ablation with and without the input ring
+#   convert-workers      the 384-expert conversion over worker counts and GIL switch intervals
+#   convert-threads      py-spy samples of a 384-expert GPU conversion's threads
+#   model-stages         GPU tests, calibrate and validate at K2.6 dims (384 experts, 256 x 2048 tokens)
+#   model-stages-args    calibrate and validate with \$CAL_ARGS / \$VAL_ARGS
+#   resume-snapshot      GPU tests, a resume snapshot's write/read rate, calibrate at K2.6 dims
+#   calibrate            calibrate at 32 experts, bf16 and fp32
+#   calibrate-k26        calibrate with K2.6's 384 experts, 64 x 2048 tokens
+#   memory-plan          the memory planner against the measured peak
+#   batch-invariance     batch invariance's cost on one K2.6 layer
 set -u
 part=$1; out=${2:-/tmp/gpu_suite}; mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -23,91 +39,81 @@ step() {  # step NAME TIMEOUT CMD...
 }
 case $part in
   tests)
-    step gpu_tests 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/numerics tests/convert
-    step scale_methods 100 python3 bench/bench_scale_methods.py --device cuda --experts 8 --json "$out/scale_methods.json"
+    step gpu_tests 150 python3 -m bench.quality.gpu_tests --json "$out/gpu_tests.json" -- tests/numerics tests/convert
+    step scale_methods 100 python3 -m bench.quality.scale_methods --device cuda --experts 8 --json "$out/scale_methods.json"
     ;;
   convert)
-    step convert 150 python3 bench/bench_convert.py --device cuda --skip-peer --work /tmp/bench_convert --experts ${CONVERT_EXPERTS:-32} --workers 4 --method amax --method int4-aware --also-no-stats
-    step model_layer 140 python3 bench/bench_model_layer.py --device cuda --tokens 16384 --experts 384 \
+    step convert 150 python3 -m bench.speed.convert --device cuda --skip-peer --work /tmp/bench_convert --experts ${CONVERT_EXPERTS:-32} --workers 4 --method amax --method int4-aware --also-no-stats \
+      --json "$out/convert.json"
+    step model_layer 140 python3 -m bench.speed.model_layer --device cuda --tokens 16384 --experts 384 \
       --mode int4 --mode nvfp4-w4a4 --mode nvfp4-w4a16 --json "$out/model_layer.json"
     ;;
-  final)
+  convert-profile)
     # Ordered by priority, sized to fit one short lease.
-    step gpu_tests 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/numerics tests/convert tests/model tests/calibrate
-    step numerics 60 python3 bench/profile_numerics.py --device cuda --experts 4 --method int4-aware --top 12
-    step ablation 200 python3 bench/convert_ablation.py --work /tmp/abl --device cuda --experts 64 --shards 8 --workers 8 --method int4-aware
-    step convert 200 python3 bench/bench_convert.py --device cuda --skip-peer --work /tmp/bench_convert --layers 2 \
-      --experts ${CONVERT_EXPERTS:-96} --shards 8 --workers 8 --method amax --method int4-aware
+    step gpu_tests 200 python3 -m bench.quality.gpu_tests --json "$out/gpu_tests.json" -- tests/numerics tests/convert tests/model tests/calibrate
+    step numerics 60 python3 -m bench.profile.numerics --device cuda --experts 4 --method int4-aware --top 12 --json "$out/numerics.json"
+    step ablation 200 python3 -m bench.experiments.convert_ablation.ablation --work /tmp/abl --device cuda --experts 64 --shards 8 --workers 8 --method int4-aware \
+      --json "$out/ablation.json"
+    step convert 200 python3 -m bench.speed.convert --device cuda --skip-peer --work /tmp/bench_convert --layers 2 \
+      --experts ${CONVERT_EXPERTS:-96} --shards 8 --workers 8 --method amax --method int4-aware --json "$out/convert.json"
     ;;
   kernels)
     python3 -c 'import triton; print("triton", triton.__version__)' | tee -a "$out/gpu.txt"
-    step gpu_tests 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/numerics tests/convert
-    step tune 180 python3 bench/tune_triton_search.py --experts 8
-    [ -n "${SKIP_DISK:-}" ] || step disk 120 python3 bench/disk_write_rate.py /tmp --gib 4 --writers 1 4 8
+    step gpu_tests 240 python3 -m bench.quality.gpu_tests --json "$out/gpu_tests.json" -- tests/numerics tests/convert
+    step tune 180 python3 -m bench.speed.triton_launch_shapes --experts 8 --json "$out/triton_launch_shapes.json"
+    [ -n "${SKIP_DISK:-}" ] || step disk 120 python3 -m bench.speed.disk_write_rate /tmp --gib 4 --writers 1 4 8 --json "$out/disk_write_rate.json"
     ;;
-  e2e)
+  convert-k26)
     # K2.6's real expert count (one dense + one MoE layer: ~86% of the bytes are INT4 experts, as in K2.6's ~96%).
     python3 -c 'import hashlib, os, time; b = os.urandom(1 << 28); t = time.perf_counter(); hashlib.sha256(b).digest(); print(f"sha256 one thread: {0.268 / (time.perf_counter() - t):.2f} GB/s")'
-    step ablation 480 python3 bench/convert_ablation.py --work /tmp/abl --device cuda --layers 2 --experts ${E2E_EXPERTS:-384} \
-      --shards 8 --workers 8 --synth-device cuda --method int4-aware --method amax --rows ${E2E_ROWS:-1,2,3,6}
+    step ablation 480 python3 -m bench.experiments.convert_ablation.ablation --work /tmp/abl --device cuda --layers 2 --experts ${E2E_EXPERTS:-384} \
+      --shards 8 --workers 8 --synth-device cuda --method int4-aware --method amax --rows ${E2E_ROWS:-1,2,3,6} --json "$out/ablation.json"
     ;;
-  final3)
-    # Session 3: every GPU test, the kernels' rates, then end to end on K2.6's 384 experts (input ring A/B).
+  convert-input-ring)
+    # Every GPU test, the kernels' rates, then end to end on K2.6's 384 experts (input ring on and off).
     python3 -c 'import triton; print("triton", triton.__version__)' | tee -a "$out/gpu.txt"
-    step gpu_tests 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/numerics tests/convert tests/synth \
+    step gpu_tests 300 python3 -m bench.quality.gpu_tests --json "$out/gpu_tests.json" -- tests/numerics tests/convert tests/synth \
       tests/model tests/calibrate tests/validate
-    step tune 120 python3 bench/tune_triton_search.py --experts 8 --no-sweep
-    step ablation 420 python3 bench/convert_ablation.py --work /tmp/abl --device cuda --layers 2 --experts 384 \
-      --shards 8 --workers 8 --synth-device cuda --method int4-aware --method amax --rows 1,2,3 --input-ring both --warmup-full
+    step tune 120 python3 -m bench.speed.triton_launch_shapes --experts 8 --no-sweep --json "$out/triton_launch_shapes.json"
+    step ablation 420 python3 -m bench.experiments.convert_ablation.ablation --work /tmp/abl --device cuda --layers 2 --experts 384 \
+      --shards 8 --workers 8 --synth-device cuda --method int4-aware --method amax --rows 1,2,3 --input-ring both --warmup-full \
+      --json "$out/ablation.json"
     ;;
-  model13)
-    # Session 4 (#13): GPU tests of the model stages, then calibrate and validate at K2.6 dims, 384 experts,
-    # 256 x 2048 tokens (one dense + one MoE layer; one synthetic checkpoint for both).
-    step gpu_tests 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/numerics tests/convert tests/model tests/calibrate tests/validate
-    step calibrate 270 python3 bench/bench_calibrate.py --device cuda --work-dir /tmp/kimi_bench --json "$out/calibrate_256x2048.json" \
-      --layers 2 --experts 384 --vocab-size 16384 --samples ${SAMPLES:-256} --seq-len 2048 --synth-device cuda \
-      ${LABEL:+--label "$LABEL"}
-    step validate 270 python3 bench/bench_validate.py --device cuda --work-dir /tmp/kimi_bench --json "$out/validate_256x2048.json" \
-      --layers 2 --experts 384 --vocab-size 16384 --samples ${SAMPLES:-256} --seq-len 2048 --synth-device cuda \
-      ${LABEL:+--label "$LABEL"}
-    # Result files for docs/benchmarks.md §10: copy $out/{calibrate,validate}_256x2048.json to bench/results/ under
-    # a telling name, add them to the §10 blocks' `from` lists and run `python bench/render_benchmarks.py`.
-    ;;
-  model13s6)
-    # Session 6 (#13): every GPU test of the model stages, then calibrate and validate at K2.6 dims (384 experts,
+  model-stages)
+    # Every GPU test of the model stages, then calibrate and validate at K2.6 dims (384 experts,
     # 256 x 2048 tokens), validate as `kimi-nvfp4 validate` runs by default (amax baseline on, expert check capped).
-    step gpu_tests 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/numerics tests/convert tests/synth tests/model \
+    step gpu_tests 200 python3 -m bench.quality.gpu_tests --json "$out/gpu_tests.json" -- tests/numerics tests/convert tests/synth tests/model \
       tests/calibrate tests/validate
-    step calibrate 200 python3 bench/bench_calibrate.py --device cuda --work-dir /tmp/kimi_bench --json "$out/calibrate_256x2048.json" \
+    step calibrate 200 python3 -m bench.speed.calibrate --device cuda --work-dir /tmp/kimi_bench --json "$out/calibrate_256x2048.json" \
       --layers 2 --experts 384 --vocab-size 16384 --samples ${SAMPLES:-256} --seq-len 2048 --synth-device cuda \
       ${LABEL:+--label "calibrate_$LABEL"}
-    step validate 240 python3 bench/bench_validate.py --device cuda --work-dir /tmp/kimi_bench --json "$out/validate_256x2048.json" \
+    step validate 240 python3 -m bench.speed.validate --device cuda --work-dir /tmp/kimi_bench --json "$out/validate_256x2048.json" \
       --layers 2 --experts 384 --vocab-size 16384 --samples ${SAMPLES:-256} --seq-len 2048 --synth-device cuda \
       ${LABEL:+--label "validate_$LABEL"}
     ;;
-  session7)
-    # Session 7 (#13): every GPU test of the model stages (the kill/resume tests on CUDA included), one resume
+  resume-snapshot)
+    # Every GPU test of the model stages (the kill/resume tests on CUDA included), one resume
     # snapshot's write/read rate at K2.6 width, then calibrate at K2.6 dims (384 experts, 256 x 2048 tokens).
-    step gpu_tests 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/numerics tests/convert tests/synth tests/model \
+    step gpu_tests 240 python3 -m bench.quality.gpu_tests --json "$out/gpu_tests.json" -- tests/numerics tests/convert tests/synth tests/model \
       tests/calibrate tests/validate
-    step snapshot 150 python3 bench/bench_resume_snapshot.py --device cuda --folder /tmp/kimi_snapshot --streams 2 \
+    step snapshot 150 python3 -m bench.speed.resume_snapshot --device cuda --folder /tmp/kimi_snapshot --streams 2 \
       --samples ${SNAPSHOT_SAMPLES:-128} --json "$out/resume_snapshot.json"
-    step calibrate 200 python3 bench/bench_calibrate.py --device cuda --work-dir /tmp/kimi_bench --json "$out/calibrate_256x2048.json" \
+    step calibrate 200 python3 -m bench.speed.calibrate --device cuda --work-dir /tmp/kimi_bench --json "$out/calibrate_256x2048.json" \
       --layers 2 --experts 384 --vocab-size 16384 --samples ${SAMPLES:-256} --seq-len 2048 --synth-device cuda \
       ${LABEL:+--label "calibrate_$LABEL"}
     ;;
-  calibrate384)
+  calibrate-k26)
     # One dense + one MoE layer with K2.6's real 384 experts, 64 x 2048 tokens.
-    step calibrate384 420 python3 bench/bench_calibrate.py --device cuda --work-dir /tmp/kimi_bench --json "$out/calibrate384.json" \
+    step calibrate384 420 python3 -m bench.speed.calibrate --device cuda --work-dir /tmp/kimi_bench --json "$out/calibrate384.json" \
       --layers 2 --experts 384 --vocab-size 16384 --samples 64 --seq-len 2048 --synth-device cuda
     ;;
-  knobs)
+  convert-workers)
     # Workers and the GIL switch interval, --no-fsync (the host-bound case), K2.6's 384 experts.
-    step knobs 420 python3 bench/convert_ablation.py --work /tmp/abl --device cuda --layers 2 --experts 384 \
+    step knobs 420 python3 -m bench.experiments.convert_ablation.ablation --work /tmp/abl --device cuda --layers 2 --experts 384 \
       --shards 8 --workers 8 --synth-device cuda --method int4-aware --rows 2 --workers-list 8,4,16,8 \
-      --switch-interval 0.005 0.0005
+      --switch-interval 0.005 0.0005 --json "$out/convert_workers.json"
     ;;
-  spy)
+  convert-threads)
     # Where a 384-expert GPU conversion's threads spend their time: py-spy samples (raw collapsed stacks), all
     # threads with --idle, and only the GIL holder with --gil. Needs py-spy in .whl.
     python3 -m pip install -q --no-index --find-links .whl py-spy >>"$out/pip.log" 2>&1
@@ -122,14 +128,26 @@ case $part in
     step spy_gil 120 py-spy record --gil --format raw --rate 250 -o "$out/spy_gil.txt" -- $conv
     ;;
   calibrate)
-    step calibrate 200 python3 bench/bench_calibrate.py --device cuda --work-dir /tmp/kimi_bench --json "$out/calibrate.json" \
+    step calibrate 200 python3 -m bench.speed.calibrate --device cuda --work-dir /tmp/kimi_bench --json "$out/calibrate.json" \
       --layers 2 --experts 32 --vocab-size 16384 --samples 64 --seq-len 2048
-    step calibrate_fp32 90 python3 bench/bench_calibrate.py --device cuda --work-dir /tmp/kimi_bench --json "$out/calibrate_fp32.json" \
+    step calibrate_fp32 90 python3 -m bench.speed.calibrate --device cuda --work-dir /tmp/kimi_bench --json "$out/calibrate_fp32.json" \
       --layers 2 --experts 32 --vocab-size 16384 --samples 64 --seq-len 2048 --dtype float32
     ;;
-  stages)
-    step gpu_tests_stages 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/model tests/calibrate tests/validate
-    step calibrate 300 python3 bench/bench_calibrate.py --device cuda --work-dir /tmp/kimi_bench --json "$out/calibrate.json" ${CAL_ARGS:-}
-    step validate 200 python3 bench/bench_validate.py --device cuda --work-dir /tmp/kimi_bench --json "$out/validate.json" ${VAL_ARGS:-}
+  model-stages-args)
+    step gpu_tests_stages 120 python3 -m bench.quality.gpu_tests --json "$out/gpu_tests_stages.json" -- tests/model tests/calibrate tests/validate
+    step calibrate 300 python3 -m bench.speed.calibrate --device cuda --work-dir /tmp/kimi_bench --json "$out/calibrate.json" ${CAL_ARGS:-}
+    step validate 200 python3 -m bench.speed.validate --device cuda --work-dir /tmp/kimi_bench --json "$out/validate.json" ${VAL_ARGS:-}
+    ;;
+  memory-plan)
+    # The planner's estimate against the measured peak at 96, 256 and 512 x 2048 tokens, uncapped and capped.
+    step memory_plan 580 python3 -m bench.profile.memory_plan --work-dir /tmp/kimi_plan --json "$out/memory_plan.json"
+    ;;
+  batch-invariance)
+    # What batch invariance costs on one K2.6-shaped MoE layer (384 experts, 65536 tokens), and whether it holds.
+    step batch_invariance 400 python3 -m bench.quality.batch_invariance --device cuda --experts 384 --tokens 65536 \
+      --seq-len 2048 --json "$out/batch_invariance.json"
+    ;;
+  *)
+    echo "unknown part: $part (see the list at the top of bench/gpu_suite.sh)" >&2; exit 2
     ;;
 esac

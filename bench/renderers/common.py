@@ -101,7 +101,7 @@ def percent(fraction: Any, digits: int = 1) -> str:
 def provenance(ctx: BlockContext) -> str:
     """The lines every generated block starts with: each result file, its command and its device.
 
-    A file that records its own `command` (bench/provenance.py) is shown with it; older files are shown with
+    A file that records its own `command` (bench/harness/provenance.py) is shown with it; older files are shown with
     the marker's command, which then documents how they were made.
     """
     lines = []

@@ -1,4 +1,4 @@
-"""Reading and windowing served traffic (bench_traffic_import.py): records/s and peak RSS per path."""
+"""Reading and windowing served traffic (bench.speed.traffic_import): records/s and peak RSS per path."""
 
 from __future__ import annotations
 

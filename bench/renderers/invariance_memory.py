@@ -1,5 +1,5 @@
-"""Batch invariance (bench_batch_invariance.py, bench_statistics_invariance.py) and the memory planner against the
-measured peak (bench_memory_plan.py)."""
+"""Batch invariance (bench.quality.batch_invariance, bench.quality.statistics_invariance) and the memory planner against the
+measured peak (bench.profile.memory_plan)."""
 
 from __future__ import annotations
 

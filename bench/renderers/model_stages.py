@@ -1,4 +1,4 @@
-"""Tables of the model stages' benchmarks: bench_calibrate.py, bench_validate.py, profile_model_stages.py."""
+"""Tables of the model stages' benchmarks: bench.speed.calibrate, bench.speed.validate, bench.profile.model_stages."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from .common import (
     thousands,
 )
 
-# The sequence count bench_calibrate.py and bench_validate.py scale their projections to (issue #13's goal).
+# The sequence count bench.speed.calibrate and bench.speed.validate scale their projections to (issue #13's goal).
 PROJECTED_SEQUENCES = 512
 PROFILE_TOP_OPS = 6
 PROFILE_OP_NAME_CHARS = 60
@@ -50,7 +50,7 @@ def _samples(data: dict) -> str:
 
 @renderer("calibrate_stage_timings")
 def calibrate_stage_timings(ctx: BlockContext) -> str:
-    """Calibrate's per-layer times on K2.6-shaped layers and the whole-model projection (bench_calibrate.py)."""
+    """Calibrate's per-layer times on K2.6-shaped layers and the whole-model projection (bench.speed.calibrate)."""
     rows = []
     for r in ctx.results:
         r.require("samples", "seq_len", "moe_layer_seconds", "dense_layer_seconds",
@@ -84,7 +84,7 @@ def _validate_streams(d: dict) -> str:
 
 @renderer("validate_stage_timings")
 def validate_stage_timings(ctx: BlockContext) -> str:
-    """Validate's per-layer, logits and structure-scan times and the projection (bench_validate.py)."""
+    """Validate's per-layer, logits and structure-scan times and the projection (bench.speed.validate)."""
     rows = []
     for r in ctx.results:
         r.require("samples", "seq_len", "tokens", "moe_layer_seconds", "dense_layer_seconds", "logits_seconds",
@@ -132,7 +132,7 @@ def _short_op(name: str) -> str:
 
 @renderer("profile_top_device_ops")
 def profile_top_device_ops(ctx: BlockContext) -> str:
-    """The ops that took the most device time in each profiled stage (profile_model_stages.py)."""
+    """The ops that took the most device time in each profiled stage (bench.profile.model_stages)."""
     rows = []
     for r in ctx.results:
         stages = [s for s in ("calibrate", "validate") if isinstance(r.data, dict) and s in r.data]
@@ -154,7 +154,7 @@ def profile_top_device_ops(ctx: BlockContext) -> str:
 
 @renderer("stage_phase_seconds")
 def stage_phase_seconds(ctx: BlockContext) -> str:
-    """Where the last (MoE) layer's time goes, phase by phase (`phase_seconds` of bench_calibrate.py / bench_validate.py:
+    """Where the last (MoE) layer's time goes, phase by phase (`phase_seconds` of bench.speed.calibrate / bench.speed.validate:
     each phase ends with a wait for the compute stream)."""
     rows = []
     for r in ctx.results:
@@ -172,7 +172,7 @@ def stage_phase_seconds(ctx: BlockContext) -> str:
 
 @renderer("resume_snapshot")
 def resume_snapshot(ctx: BlockContext) -> str:
-    """Write and read rates of one resume snapshot (bench_resume_snapshot.py) and the K2.6 snapshot times they
+    """Write and read rates of one resume snapshot (bench.speed.resume_snapshot) and the K2.6 snapshot times they
     project (labelled as projections)."""
     rows = []
     for r in ctx.results:

@@ -1,4 +1,4 @@
-"""The output-aware scale methods on K2.6-dimension expert matrices (bench_output_aware.py)."""
+"""The output-aware scale methods on K2.6-dimension expert matrices (bench.quality.output_aware)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def output_aware_k26_matrices(ctx: BlockContext) -> str:
 
 @renderer("w4a4_layer_error")
 def w4a4_layer_error(ctx: BlockContext) -> str:
-    """Per input kind and method (bench_w4a4_layer_error.py): the served (W4A4) and W4A16 layer-local errors as a
+    """Per input kind and method (bench.experiments.w4a4_floor.layer_error): the served (W4A4) and W4A16 layer-local errors as a
     multiple of int4-aware's, under the statistics the methods were fitted on and under other tokens'."""
     parts = [provenance(ctx)]
     for r in ctx.results:
@@ -55,7 +55,7 @@ def w4a4_layer_error(ctx: BlockContext) -> str:
 
 @renderer("gptq_solver_timing")
 def gptq_solver_timing(ctx: BlockContext) -> str:
-    """bench/profile_gptq.py: the batched GPTQ solver alone at K2.6 shapes (one batch of experts of one input kind),
+    """bench/profile/gptq.py: the batched GPTQ solver alone at K2.6 shapes (one batch of experts of one input kind),
     wall seconds for the inverse-Hessian factor and the whole solve, per expert and scaled to 384 experts."""
     rows = []
     for r in ctx.results:

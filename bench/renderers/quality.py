@@ -32,7 +32,7 @@ def _rows(result: ResultFile, key: str) -> list[dict]:
 
 @renderer("scale_method_quality")
 def scale_method_quality(ctx: BlockContext) -> str:
-    """Relative weight MSE of each scale method against the exact INT4 values (bench_scale_methods.py);
+    """Relative weight MSE of each scale method against the exact INT4 values (bench.quality.scale_methods);
     the multiple of `amax` is taken within each result file."""
     parts = [provenance(ctx)]
     for r in ctx.results:
@@ -60,7 +60,7 @@ def scale_method_quality(ctx: BlockContext) -> str:
 @renderer("expert_policy_comparison")
 def expert_policy_comparison(ctx: BlockContext) -> str:
     """W4A4 KL/top-1 of each under-covered-expert policy under each SGLang input-scale reduction
-    (bench_calibrate.py --compare-policies)."""
+    (bench.speed.calibrate --compare-policies)."""
     rows = []
     for r in ctx.results:
         for row in _rows(r, "rows"):
@@ -77,7 +77,7 @@ def expert_policy_comparison(ctx: BlockContext) -> str:
 @renderer("shared_experts_accuracy")
 def shared_experts_accuracy(ctx: BlockContext) -> str:
     """KL/top-1 against the INT4 source per `--shared-experts` option on the demo model
-    (bench_shared_experts.py)."""
+    (bench.experiments.shared_experts.accuracy)."""
     rows = []
     for r in ctx.results:
         for row in _rows(r, "rows"):
@@ -120,7 +120,7 @@ def demo_model_perplexity(ctx: BlockContext) -> str:
 @renderer("shared_expert_bytes")
 def shared_expert_bytes(ctx: BlockContext) -> str:
     """Checkpoint and per-token read bytes with BF16 vs NVFP4 shared experts at K2.6 size
-    (bench/shared_expert_bytes.py: arithmetic from the config, labelled as such)."""
+    (bench/experiments/shared_experts/bytes.py: arithmetic from the config, labelled as such)."""
     parts = [provenance(ctx)]
     for r in ctx.results:
         r.require("shared_experts_bytes", "per_token_read_bytes", "per_token_read_bytes_parts", "kind")
@@ -142,7 +142,7 @@ def shared_expert_bytes(ctx: BlockContext) -> str:
     return "\n\n".join(parts)
 
 
-KV_VARIANTS = {  # bench_kv_cache_scales.py's variants, in the order the table shows them
+KV_VARIANTS = {  # bench.quality.kv_cache_scales's variants, in the order the table shows them
     "bf16-cache": "unquantized (reference)",
     "fp8-scale-1": "FP8, scale 1.0 (SGLang with no scales shipped)",
     "fp8-written": "FP8, the scales calibrate writes",
@@ -155,7 +155,7 @@ KV_VARIANTS = {  # bench_kv_cache_scales.py's variants, in the order the table s
 @renderer("kv_cache_scales")
 def kv_cache_scales(ctx: BlockContext) -> str:
     """What calibrate measures and writes per layer for the FP8 KV cache, and what each cache variant costs in
-    token-by-token decode against an unquantized cache (bench_kv_cache_scales.py)."""
+    token-by-token decode against an unquantized cache (bench.quality.kv_cache_scales)."""
     parts = [provenance(ctx)]
     for r in ctx.results:
         r.require("kv_cache", "rows")
@@ -185,7 +185,7 @@ def _spread(entry: dict, digits: int) -> str:
 
 @renderer("requantize_accuracy")
 def requantize_accuracy(ctx: BlockContext) -> str:
-    """Validate's end-to-end figures per scale method over several held-out draws (bench_requantize_accuracy.py);
+    """Validate's end-to-end figures per scale method over several held-out draws (bench.quality.requantize_accuracy);
     the multiple of `amax` is taken within each result file."""
     parts = [provenance(ctx)]
     for r in ctx.results:

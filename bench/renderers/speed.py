@@ -1,5 +1,5 @@
-"""Tables of speed benchmarks: the reference model (bench_model_layer.py) and convert against its peer
-(bench_convert.py)."""
+"""Tables of speed benchmarks: the reference model (bench.speed.model_layer) and convert against its peer
+(bench.speed.convert)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ GB = 1e9
 
 @renderer("reference_model_speed")
 def reference_model_speed(ctx: BlockContext) -> str:
-    """Tokens/s and peak memory of the reference model per case and mode (bench_model_layer.py)."""
+    """Tokens/s and peak memory of the reference model per case and mode (bench.speed.model_layer)."""
     rows = []
     for r in ctx.results:
         r.require("results")
@@ -27,7 +27,7 @@ def reference_model_speed(ctx: BlockContext) -> str:
 
 @renderer("convert_vs_peer")
 def convert_vs_peer(ctx: BlockContext) -> str:
-    """Our conversion against llm-compressor's model_free_ptq, both measured in the same bench_convert.py run
+    """Our conversion against llm-compressor's model_free_ptq, both measured in the same bench.speed.convert run
     on the same checkpoint. The ratios are taken between figures of one result file; a file without the peer's
     figures (`--skip-peer`, or the peer failed) shows no ratio at all."""
     parts = [provenance(ctx)]

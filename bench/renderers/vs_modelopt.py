@@ -1,4 +1,4 @@
-"""Our scale methods against Model Optimizer's own NVFP4 recipes in one run (bench_accuracy_vs_modelopt.py): KL,
+"""Our scale methods against Model Optimizer's own NVFP4 recipes in one run (bench.quality.vs_modelopt): KL,
 top-1 and the multiple of the best Model Optimizer recipe, all taken within the one result file."""
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def _multiple(s: dict, base: dict | None, key: str) -> str:
 
 @renderer("accuracy_ours_paired")
 def accuracy_ours_paired(ctx: BlockContext) -> str:
-    """Our methods alone on the vs-Model-Optimizer draws (bench_accuracy_vs_modelopt.py --ours-only): KL and top-1,
+    """Our methods alone on the vs-Model-Optimizer draws (bench.quality.vs_modelopt --ours-only): KL and top-1,
     the multiple of `amax` and of `gptq` (taken within the file), and per draw whether a row's W4A4 KL is below
     gptq's on the same draw (paired: the draw-to-draw spread is larger than the differences between methods)."""
     parts = [provenance(ctx)]
@@ -111,7 +111,7 @@ def _goal_cell(s: dict) -> str:
 
 @renderer("w4a4_floor")
 def w4a4_floor(ctx: BlockContext) -> str:
-    """bench_w4a4_floor.py: W4A4 KL of the checkpoints, of the exact-weight floor and of the activation-side
+    """bench.experiments.w4a4_floor.floor: W4A4 KL of the checkpoints, of the exact-weight floor and of the activation-side
     transforms, each as a multiple of `amax`'s W4A4 KL in the same file, against issue 16's goal."""
     parts = [provenance(ctx)]
     for r in ctx.results:
@@ -134,7 +134,7 @@ def w4a4_floor(ctx: BlockContext) -> str:
 
 @renderer("gptq_levers")
 def gptq_levers(ctx: BlockContext) -> str:
-    """bench_gptq_levers.py: per gptq variant, its layer errors on other tokens (multiple of int4-aware's) and
+    """bench.experiments.gptq_levers.levers: per gptq variant, its layer errors on other tokens (multiple of int4-aware's) and
     validate's KL / top-1 over the draws, with the KL as a multiple of plain `gptq`'s in the same file."""
     parts = [provenance(ctx)]
     for r in ctx.results:

@@ -26,7 +26,7 @@ the scalar libm function, which rounds differently (`sigmoid` and `silu` differ 
 the widest unrolled SIMD block and below the grain: one thread, no remainder, every element through the same code.
 CUDA's elementwise kernels compute every element with the same instructions.
 
-Cost: measured by `bench/bench_batch_invariance.py` (docs/benchmarks.md, "Batch invariance").
+Cost: measured by `bench/quality/batch_invariance.py` (docs/benchmarks.md, "Batch invariance").
 `BATCH_INVARIANT = False` restores plain `F.linear` everywhere (benchmarks compare the two).
 """
 

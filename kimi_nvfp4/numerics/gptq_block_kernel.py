@@ -3,7 +3,7 @@
 `gptq_solver.gptq_quantize` quantizes a block's 16 columns one after another, and each column step is about 25 tiny
 elementwise kernels over `[experts, rows]` (divide, round to fp32, E2M1 encode, decode, multiply, the error, the
 update of the block's later columns): at K2.6's gate/up width that is ~180,000 launches per batch of experts, and
-the H200 measured the loop launch-bound (bench/profile_gptq.py: 3.3 s of 3.8 s per 16-expert gate/up batch).
+the H200 measured the loop launch-bound (bench/profile/gptq.py: 3.3 s of 3.8 s per 16-expert gate/up batch).
 Here one program holds a tile of rows of one expert's block in registers and runs the 16 steps there.
 
 Bit-exact with the torch loop it replaces (`gptq_solver._block_columns_reference`): the same IEEE operations in the

@@ -16,7 +16,7 @@ An explicit setting (`--max-chunk-tokens`, `--states-device`) is kept; if it can
 before any weight is read, with the setting that would fit (`ResourceError`, exit 10).
 
 The estimate is a sum of named components (`MemoryPlan.components`), each from the config and the ops that hold
-it; bench/bench_memory_plan.py compares it with the measured peak on the H200 (docs/benchmarks.md).
+it; bench/profile/memory_plan.py compares it with the measured peak on the H200 (docs/benchmarks.md).
 """
 
 from __future__ import annotations

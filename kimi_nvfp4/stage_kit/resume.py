@@ -52,7 +52,7 @@ SNAPSHOT_FORMAT = 1
 # 15 GB per hidden-state stream (512 x 2048 tokens x 7168 x 2 bytes); a kill loses at most 10 layers.
 DEFAULT_RESUME_EVERY = 10
 # ...and snapshots may take at most this fraction of the run's time so far: the H200 host's disk wrote a snapshot
-# at 0.65 GB/s (docs/benchmarks.md §10, bench_resume_snapshot.py), so validate's four streams take ~93 s at K2.6
+# at 0.65 GB/s (docs/benchmarks.md §10, bench.speed.resume_snapshot), so validate's four streams take ~93 s at K2.6
 # scale against ~23 s of compute per layer; every 10th layer would add ~40%. After the first snapshot (which
 # measures the write time), a due snapshot is skipped while the snapshots' seconds plus one more would exceed it.
 DEFAULT_RESUME_MAX_OVERHEAD = 0.1

@@ -1,7 +1,7 @@
 """Deliberate corruptions of a converted checkpoint, to prove that validate fails on them.
 
 Each one is a mistake a converter or a hand edit really makes; `CORRUPTIONS` maps its name to the
-function and to the gate that must catch it. Used by the tests and by `bench/bench_validate.py
+function and to the gate that must catch it. Used by the tests and by `bench/speed/validate.py
 --self-test` (run validate on each corrupted copy and check it exits 1 for the right reason).
 These edit the checkpoint IN PLACE: only ever run them on a copy.
 """

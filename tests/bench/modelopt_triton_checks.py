@@ -1,4 +1,4 @@
-"""Model Optimizer's static Triton NVFP4 fake-quant kernel against bench/modelopt_cpu/fake_quant.py, bit for bit.
+"""Model Optimizer's static Triton NVFP4 fake-quant kernel against bench/harness/modelopt_cpu/fake_quant.py, bit for bit.
 
 (The dynamic kernel, `fp4_fake_quant_block`, addresses memory with `tl.make_block_ptr`, which the pinned Triton's
 interpreter does not implement; its CPU stand-in is checked against Model Optimizer's pure-torch NVFP4QTensor in
@@ -25,7 +25,7 @@ import types
 
 import torch
 
-from bench.modelopt_cpu import fake_quant as ours
+from bench.harness.modelopt_cpu import fake_quant as ours
 
 BLOCK = 16
 

@@ -1,4 +1,4 @@
-"""bench/activation_floor.py: the W4A4 floor model is the INT4 model plus only what it claims to add.
+"""bench/experiments/w4a4_floor/activation_floor.py: the W4A4 floor model is the INT4 model plus only what it claims to add.
 
 Without input quantization, exact weights reproduce the INT4 reference's logits (bit for bit untransformed or with
 power-of-two smoothing, to float rounding with the rotation), so every KL the bench reports comes from the input
@@ -16,7 +16,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from bench.activation_floor import (  # noqa: E402
+from bench.experiments.w4a4_floor.activation_floor import (  # noqa: E402
     DOWN,
     GATE_UP,
     INPUTS,

@@ -1,4 +1,4 @@
-"""bench/modelopt_cpu: the pure-torch NVFP4 fake quantization is Model Optimizer's, bit for bit, and the CPU
+"""bench/harness/modelopt_cpu: the pure-torch NVFP4 fake quantization is Model Optimizer's, bit for bit, and the CPU
 patch lets Model Optimizer's own recipes run (and restores everything afterwards)."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ if str(REPO_ROOT) not in sys.path:  # bench/ lives beside the package, not insid
 pytest.importorskip("triton")
 mtq = pytest.importorskip("modelopt.torch.quantization")
 
-from bench.modelopt_cpu.fake_quant import fp4_fake_quant_block  # noqa: E402
-from bench.modelopt_cpu.patch import modelopt_on_cpu  # noqa: E402
+from bench.harness.modelopt_cpu.fake_quant import fp4_fake_quant_block  # noqa: E402
+from bench.harness.modelopt_cpu.patch import modelopt_on_cpu  # noqa: E402
 
 CHECKS = Path(__file__).with_name("modelopt_triton_checks.py")
 INTERPRETER_TIMEOUT_S = 600

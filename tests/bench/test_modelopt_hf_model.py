@@ -1,4 +1,4 @@
-"""bench/modelopt_cpu/hf_model.py: transformers' DeepseekV3 holding the dequantized INT4 demo checkpoint computes
+"""bench/harness/modelopt_cpu/hf_model.py: transformers' DeepseekV3 holding the dequantized INT4 demo checkpoint computes
 the same logits as our INT4 reference model, so Model Optimizer's recipes are run on the model validate measures."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ if str(REPO_ROOT) not in sys.path:
 
 pytest.importorskip("transformers")
 
-from bench.modelopt_cpu.hf_model import load_deepseek_v3  # noqa: E402
+from bench.harness.modelopt_cpu.hf_model import load_deepseek_v3  # noqa: E402
 from kimi_nvfp4.checkpoint.reader import CheckpointReader  # noqa: E402
 from kimi_nvfp4.demo_model import DEMO_CHECKPOINT  # noqa: E402
 from kimi_nvfp4.model import Int4SourceWeights, LayerStreamRunner  # noqa: E402

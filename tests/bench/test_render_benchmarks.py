@@ -32,7 +32,7 @@ CALIBRATE_RESULT = {
     "goal_minutes": 10,
     "projection_from": "2 synthetic layers x 4 sequences x 128 tokens",
     "label": "fixture run",
-    "command": "python bench/bench_calibrate.py --samples 4 --json bench/results/cal.json",
+    "command": "python -m bench.speed.calibrate --samples 4 --json bench/results/cal.json",
 }
 CALIBRATE_MARKER = "<!-- generated: calibrate_stage_timings (from bench/results/cal.json; command: python bench/x.py) -->"
 HAND_WRITTEN_HEAD = "# Page\n\nHand-written prose stays as it is.\n\n"
@@ -74,14 +74,14 @@ def test_calibrate_renderer_prints_the_fixture_figures_and_labels_the_projection
     assert "**Projected**, not measured" in text
     assert "projected from 2 synthetic layers x 4 sequences x 128 tokens" in text
     # the file records its command, so that one is shown, not the marker's
-    assert "command: `python bench/bench_calibrate.py --samples 4 --json bench/results/cal.json`" in text
+    assert "command: `python -m bench.speed.calibrate --samples 4 --json bench/results/cal.json`" in text
     assert "device: NVIDIA H200" in text
 
 
 def test_a_file_without_a_recorded_command_shows_the_markers_command_as_such():
     data = {k: v for k, v in CALIBRATE_RESULT.items() if k != "command"}
-    text = REGISTRY["calibrate_stage_timings"](_context("cal", data, command="bash bench/gpu_suite.sh model13 $OUT"))
-    assert "command (not recorded in the file): `bash bench/gpu_suite.sh model13 $OUT`" in text
+    text = REGISTRY["calibrate_stage_timings"](_context("cal", data, command="bash bench/gpu_suite.sh model-stages $OUT"))
+    assert "command (not recorded in the file): `bash bench/gpu_suite.sh model-stages $OUT`" in text
 
 
 CONVERT_RESULT = {
@@ -195,7 +195,7 @@ def test_an_indented_marker_is_text_not_a_block(tmp_path):
 
 
 def test_shared_expert_bytes_arithmetic_matches_k26_dimensions():
-    from bench.shared_expert_bytes import k26_bytes
+    from bench.experiments.shared_experts.bytes import k26_bytes
 
     cfg = {"hidden_size": 7168, "num_hidden_layers": 61, "first_k_dense_replace": 1, "moe_intermediate_size": 2048,
            "intermediate_size": 18432, "n_shared_experts": 1, "n_routed_experts": 384, "num_experts_per_tok": 8,
@@ -224,7 +224,7 @@ def _vs_modelopt_summary(row: str, kl16: float, kl4: float, best16: float, best4
 
 def test_vs_modelopt_renderer_shows_multiples_of_the_best_recipe_and_failed_or_inert_recipes():
     data = {
-        "command": "python bench/bench_accuracy_vs_modelopt.py --seeds 1 2",
+        "command": "python -m bench.quality.vs_modelopt --seeds 1 2",
         "settings": {"heldout": {"samples": 16, "seq_len": 256, "seeds": [1, 2]}, "goal_kl_ratio": 0.8},
         "modelopt": {"LH": {"seconds": 1.0}, "AWQ": {"seconds": 1.0, "weights_identical_to": "DEFAULT"},
                      "BAD": {"seconds": 1.0, "error": "RuntimeError: boom"}},
@@ -244,7 +244,7 @@ def test_ours_only_renderer_shows_multiples_of_amax_and_gptq_and_paired_draws():
         return {"row": name, "seed": seed, "w4a16": {"kl_mean": kl16}, "w4a4": {"kl_mean": kl4}}
 
     data = {
-        "command": "python bench/bench_accuracy_vs_modelopt.py --ours-only --seeds 1 2",
+        "command": "python -m bench.quality.vs_modelopt --ours-only --seeds 1 2",
         "settings": {"heldout": {"samples": 16, "seq_len": 256, "seeds": [1, 2]}},
         "rows": [row("amax", 1, 0.02, 0.04), row("gptq", 1, 0.01, 0.03), row("new", 1, 0.012, 0.02),
                  row("amax", 2, 0.02, 0.04), row("gptq", 2, 0.01, 0.03), row("new", 2, 0.012, 0.035)],
@@ -261,7 +261,7 @@ def test_w4a4_layer_error_renderer_shows_in_sample_and_other_tokens_multiples():
     rows = [{"statistics": w, "input": g, "mode": m, "method": meth, "error": 1.0, "vs_int4_aware": v}
             for w in ("in-sample", "other tokens") for g in ("gate_up", "down") for m in ("w4a4", "w4a16")
             for meth, v in (("int4-aware", 1.0), ("new", 0.5 if w == "in-sample" else 1.25))]
-    data = {"command": "python bench/bench_w4a4_layer_error.py", "rows": rows,
+    data = {"command": "python -m bench.experiments.w4a4_floor.layer_error", "rows": rows,
             "settings": {"fitted_seed": 0, "other_seed": 1, "samples": 16, "seq_len": 256, "sequences_shared": 0}}
     text = REGISTRY["w4a4_layer_error"](_context("layer_error", data))
     assert "| `new` | 0.500 | 1.250 | 0.500 | 1.250 | 0.500 | 1.250 | 0.500 | 1.250 |" in text
@@ -277,7 +277,7 @@ def test_w4a4_floor_renderer_shows_multiples_of_amax_and_marks_the_bounds():
             out["w4a16.kl_mean"] = spread(kl16)
         return out
 
-    data = {"command": "python bench/bench_w4a4_floor.py --seeds 1 2",
+    data = {"command": "python -m bench.experiments.w4a4_floor.floor --seeds 1 2",
             "settings": {"heldout": {"samples": 16, "seq_len": 256, "seeds": [1, 2]}, "goal_w4a4_ratio": 0.62},
             "summary": [entry("amax", 0.04, 1.0, False, 0.02),
                         entry("exact weights, all inputs quantized (floor)", 0.02, 0.5, True),
@@ -290,7 +290,7 @@ def test_w4a4_floor_renderer_shows_multiples_of_amax_and_marks_the_bounds():
 
 
 def test_gptq_solver_timing_renderer_shows_each_run_and_its_commit():
-    data = {"command": "python bench/profile_gptq.py --kind down", "kind": "down", "experts": 16, "factor_s": 0.05,
+    data = {"command": "python -m bench.profile.gptq --kind down", "kind": "down", "experts": 16, "factor_s": 0.05,
             "gptq_quantize_s": 0.25, "s_per_expert": 0.015625, "projected_s_per_384_experts": 6.0,
             "git_commit": "98f85ea0123"}
     text = REGISTRY["gptq_solver_timing"](_context("profile", data))
@@ -306,7 +306,7 @@ def test_gptq_levers_renderer_shows_layer_errors_and_multiples_of_gptq():
                 "layer_error_other_tokens_vs_int4_aware": {"gate_up.w4a16": layer, "down.w4a16": 1.0,
                                                            "gate_up.w4a4": 1.0, "down.w4a4": 1.0}}
 
-    data = {"command": "python bench/bench_gptq_levers.py", "summary": [
+    data = {"command": "python -m bench.experiments.gptq_levers.levers", "summary": [
                 entry("int4-aware", 0.012, 0.03, 1.0), entry("gptq", 0.008, 0.025, 0.6),
                 entry("gptq, damping x10", 0.010, 0.025, 0.55)],
             "settings": {"heldout": {"samples": 16, "seq_len": 256, "seeds": [1]}, "other_seed": 1}}
@@ -317,7 +317,7 @@ def test_gptq_levers_renderer_shows_layer_errors_and_multiples_of_gptq():
 
 def test_traffic_window_renderer_prints_each_recorded_path_and_skips_absent_ones():
     mode = {"requests_per_s": 12345.6, "peak_rss_over_imports_mib": 42.0, "peak_rss_mib": 300.5}
-    data = {"device": "cpu (2 cores)", "command": "python bench/bench_traffic_import.py --window",
+    data = {"device": "cpu (2 cores)", "command": "python -m bench.speed.traffic_import --window",
             "settings": {"requests": 20000}, "folder": {"mib": 12.3}, "read_streaming": mode,
             "read_all": {**mode, "peak_rss_over_imports_mib": 400.0}, "window_streaming": mode}
     out = REGISTRY["traffic_window_memory"](_context("traffic_window_memory", data))

@@ -2,7 +2,7 @@
 
 Nothing here allocates: plans are made for a K2.6-shaped config on budgets given explicitly (--gpu-memory), as a
 dry run does, so the H200 (139 GiB), an 80 GB and a 48 GB GPU are all planned on CI's CPU. How close the estimate
-is to a measured peak is a benchmark (bench/bench_memory_plan.py), not a test.
+is to a measured peak is a benchmark (bench/profile/memory_plan.py), not a test.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ __all__ = [
 
 # A dense Hessian of an expert whose tokens are fewer than this many per input channel is not trusted: with
 # n rows, X^T X has rank <= n, and GPTQ then pushes errors into directions calibration never saw, which held-out
-# tokens do excite (measured: bench/bench_output_aware.py, docs/numerics.md "Output-aware methods").
+# tokens do excite (measured: bench/quality/output_aware.py, docs/numerics.md "Output-aware methods").
 DENSE_MIN_TOKENS_PER_CHANNEL = 1.0
 # Below this many tokens even the channel energies are too noisy to weight by (measured as above).
 DIAGONAL_MIN_TOKENS = 64

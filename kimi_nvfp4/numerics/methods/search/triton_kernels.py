@@ -45,7 +45,7 @@ __all__ = [
     "supports",
 ]
 
-# 16-blocks per program: one block per thread with 4 warps (bench/tune_triton_search.py sweeps these; no result
+# 16-blocks per program: one block per thread with 4 warps (bench/speed/triton_launch_shapes.py sweeps these; no result
 # file records a tuning run yet, so the values are a starting point, not a measured optimum).
 BLOCKS_PER_PROGRAM = 128
 _NUM_WARPS = 4
