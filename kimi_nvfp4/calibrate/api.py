@@ -71,9 +71,11 @@ from .stats import ActivationCollector
 from .resume import calibration_fingerprint, restore_calibration, save_calibration
 from ..stage_kit.resume import ResumeStore, Snapshot
 from .kv_cache import FP8_KV_CACHE_ALGO, KVCacheRanges, declared_kv_cache_algo, kv_cache_scales, with_kv_cache
-from .expert_stats import ExpertStatsMode
+from .expert_stats import ExpertStatsMode, expert_stats_mode_for
 from .expert_stats_file import EXPERT_STATS_DIR
 from .expert_stats_hook import EXPERT_STATS_RECORD, ExpertStatsHook
+from .fused_method import FUSED_RECORD, FusedMethodHook, finalize, require_not_requantized
+from ..stage_kit.expert_solve_plan import plan_expert_solve
 
 # Reports and per-layer statistics go here, inside the output folder.
 CALIBRATION_DIR = "calibration"
@@ -208,7 +210,7 @@ def run_calibration(
     prefetch: bool | None = None,
     ctx: RankContext | None = None,
     kv_cache: bool = False,
-    expert_stats: ExpertStatsHook | None = None,
+    expert_stats: ExpertStatsHook | FusedMethodHook | None = None,
     resume: ResumeStore | None = None,
     snapshot: Snapshot | None = None,
 ) -> CalibrationRun:
@@ -225,7 +227,8 @@ def run_calibration(
     chosen, so every rank computes the same scales (kimi_nvfp4.distributed). `kv_cache`: also record
     what each layer's MLA cache holds (`run.kv_ranges`, for the FP8 KV scales of calibrate/kv_cache.py).
     `expert_stats`: also record each routed expert's input statistics and write them per layer
-    (calibrate/expert_stats_hook.py; `w4a4` records them in the advance pass, with the scales just chosen).
+    (calibrate/expert_stats_hook.py; `w4a4` records them in the advance pass, with the scales just chosen), or,
+    a `FusedMethodHook`, solve each MoE layer's experts from them in memory (calibrate/fused_method.py).
     `resume`: snapshot the run every `resume.every` layers;
     `snapshot`: continue after the layer it was taken at instead of from the embeddings (calibrate/resume.py).
     """
@@ -353,12 +356,23 @@ def calibrate_checkpoint(
                                  seed=seed, generated_sessions=generated_sessions)
     calib_dir = Path(report_dir) if report_dir is not None else output / CALIBRATION_DIR
     # always inside the output (requantize reads them there), wherever the report goes
+    if opts.method is not None and opts.expert_stats is not ExpertStatsMode.NONE:
+        raise ValueError("calibrate: --method keeps the expert statistics in memory; --expert-stats writes them for "
+                         "requantize (use --keep-expert-stats with --method to keep them too)")
     expert_hook = None if opts.expert_stats is ExpertStatsMode.NONE else ExpertStatsHook(
         opts.expert_stats, output / CALIBRATION_DIR / EXPERT_STATS_DIR)
     mine = ctx.shard(sample_set.sequences)
     stats_dir = calib_dir / ACTIVATION_STATS_DIR if save_activation_stats else None
     plan = plan_stage(out_reader.layout.text, opts, stage="calibrate", device=dev, dtype=compute_dtype,
                       tokens=sum(int(s.numel()) for s in mine), streams=1, sources=1)
+    if opts.method is not None:
+        require_not_requantized(output)
+        solve = plan_expert_solve(out_reader.layout.text, plan, dev,
+                                  dense=expert_stats_mode_for(opts.method.value).dense)
+        expert_hook = FusedMethodHook(
+            opts.method.value, opts.method_config().model_dump(mode="json"), output, CheckpointReader(source),
+            out_reader, batch_experts=solve.batch_experts,
+            keep_stats_dir=output / CALIBRATION_DIR / EXPERT_STATS_DIR if opts.keep_expert_stats else None)
     apply_gpu_cap(dev, opts.gpu_memory)
     announce(plan, progress and ctx.is_main)
     warn_if_snapshots_cannot_fit(plan.snapshot_bytes, output, opts.resume_every, "calibrate")
@@ -377,6 +391,7 @@ def calibrate_checkpoint(
     if not ctx.is_main:  # rank 0 writes; the others return what it wrote
         ctx.barrier()
         return ctx.broadcast_object(None)
+    fused = isinstance(expert_hook, FusedMethodHook)
     settings = CalibrationSettings(
         data=data,
         samples=samples,
@@ -391,10 +406,11 @@ def calibrate_checkpoint(
     written = install_input_scales(
         output,
         {**run.scales, **kv_scales},
-        stage_settings={**settings.model_dump(), **opts.recorded_expert_stats()},
+        stage_settings={**settings.model_dump(), **opts.recorded_expert_stats(), **opts.recorded_method()},
         stage_outputs={
             "report": str(calib_dir.relative_to(output)) if calib_dir.is_relative_to(output) else str(calib_dir),
-            **({} if expert_hook is None else {EXPERT_STATS_RECORD: expert_hook.record(output)}),
+            **({} if expert_hook is None else {FUSED_RECORD: expert_hook.record()} if fused
+               else {EXPERT_STATS_RECORD: expert_hook.record(output)}),
             # hashes (never ids) of the windows used: validate's held-out part leaves them out (data/window_pick.py)
             CALIBRATION_WINDOWS_RECORD: calibration_window_hashes(sample_set.sequences),
         },
@@ -418,6 +434,8 @@ def calibrate_checkpoint(
         memory_plan=plan,
     )
     write_calibration_report(report, calib_dir)
+    if fused:  # the input scales are recorded: now the expert shards (fused_method.py says why only now)
+        finalize(output, expert_hook.directory, expert_hook.files, expert_hook.method, expert_hook.method_options)
     resume.finish()  # everything is written: the snapshots are no longer needed
     if ctx.distributed:
         ctx.barrier()

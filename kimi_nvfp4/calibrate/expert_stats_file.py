@@ -74,46 +74,94 @@ def _enough_for_dense(tokens: int, width: int) -> bool:
     return tokens >= DENSE_MIN_TOKENS_PER_CHANNEL * width
 
 
-def _add(writer: ShardWriter, key: str, stats: ExpertInputStats, dense_ok: bool) -> bool:
-    writer.add(f"{key}.tokens", torch.tensor(stats.tokens, dtype=torch.int64))
-    writer.add(f"{key}.channel_energy", stats.channel_energy.detach().to("cpu", torch.float64).contiguous())
+def _add(out: dict[str, torch.Tensor], key: str, stats: ExpertInputStats, dense_ok: bool,
+         device: str | None = "cpu") -> bool:
+    where = device or stats.channel_energy.device
+    out[f"{key}.tokens"] = torch.tensor(stats.tokens, dtype=torch.int64)
+    out[f"{key}.channel_energy"] = stats.channel_energy.detach().to(where, torch.float64).contiguous()
     quantized = stats.quantized
     if quantized is not None:
-        writer.add(f"{key}.quantized_energy", quantized.energy.detach().to("cpu", torch.float64).contiguous())
-        writer.add(f"{key}.cross_energy", quantized.cross_energy.detach().to("cpu", torch.float64).contiguous())
+        out[f"{key}.quantized_energy"] = quantized.energy.detach().to(where, torch.float64).contiguous()
+        out[f"{key}.cross_energy"] = quantized.cross_energy.detach().to(where, torch.float64).contiguous()
     if stats.hessian is None or not dense_ok:
         return False
-    writer.add(f"{key}.hessian", stats.hessian.detach().to("cpu", HESSIAN_DISK_DTYPE).contiguous())
+    out[f"{key}.hessian"] = stats.hessian.detach().to(where, HESSIAN_DISK_DTYPE).contiguous()
     if quantized is not None:
-        writer.add(f"{key}.quantized_hessian", quantized.hessian.detach().to("cpu", HESSIAN_DISK_DTYPE).contiguous())
-        writer.add(f"{key}.cross", quantized.cross.detach().to("cpu", HESSIAN_DISK_DTYPE).contiguous())
+        out[f"{key}.quantized_hessian"] = quantized.hessian.detach().to(where, HESSIAN_DISK_DTYPE).contiguous()
+        out[f"{key}.cross"] = quantized.cross.detach().to(where, HESSIAN_DISK_DTYPE).contiguous()
     moments = [stats.mean_norm_fourth or 0.0, stats.mean_fourth_power or 0.0]
-    writer.add(f"{key}.fourth_moments", torch.tensor(moments, dtype=torch.float64))
+    out[f"{key}.fourth_moments"] = torch.tensor(moments, dtype=torch.float64)
     return True
+
+
+def layer_stats_tensors(layer: int, observer: ExpertStatsObserver, device: str | None = "cpu"
+                        ) -> tuple[dict[str, torch.Tensor], LayerStatsCounts]:
+    """One layer's statistics as the file holds them (names, dtypes, the dense threshold applied) and the fallback
+    counts: what `write_layer_stats` writes and what calibrate's fused method reads in memory (`InMemoryLayerStats`),
+    so both paths solve from the same numbers. `device` None keeps them where the sums are (the values are the
+    same: only the dtype casts decide them)."""
+    counts = LayerStatsCounts(layer=layer, mode=observer.mode.value)
+    out: dict[str, torch.Tensor] = {}
+    for (expert, group), acc in sorted(observer.experts.items()):
+        if acc.tokens == 0:
+            counts.without_tokens += 1
+            continue
+        stats = acc.stats()
+        dense = _add(out, f"experts.{expert}.{group}", stats, _enough_for_dense(stats.tokens, stats.in_features),
+                     device)
+        counts.dense += dense
+        counts.diagonal_fallback += observer.dense and not dense
+        counts.below_diagonal_min += stats.tokens < DIAGONAL_MIN_TOKENS
+    if observer.shared is not None and observer.shared.tokens:
+        stats = observer.shared.stats()
+        _add(out, f"shared.{GATE_UP}", stats, _enough_for_dense(stats.tokens, stats.in_features), device)
+        counts.shared_gate_up = True
+    return out, counts
 
 
 def write_layer_stats(
     directory: Path, layer: int, observer: ExpertStatsObserver
 ) -> tuple[WrittenShard, LayerStatsCounts]:
     """Write one layer's file atomically; returns it and the fallback counts."""
-    counts = LayerStatsCounts(layer=layer, mode=observer.mode.value)
+    tensors, counts = layer_stats_tensors(layer, observer)
     writer = ShardWriter(directory / layer_stats_name(layer))
-    for (expert, group), acc in sorted(observer.experts.items()):
-        if acc.tokens == 0:
-            counts.without_tokens += 1
-            continue
-        stats = acc.stats()
-        dense = _add(writer, f"experts.{expert}.{group}", stats, _enough_for_dense(stats.tokens, stats.in_features))
-        counts.dense += dense
-        counts.diagonal_fallback += observer.dense and not dense
-        counts.below_diagonal_min += stats.tokens < DIAGONAL_MIN_TOKENS
-    if observer.shared is not None and observer.shared.tokens:
-        stats = observer.shared.stats()
-        _add(writer, f"shared.{GATE_UP}", stats, _enough_for_dense(stats.tokens, stats.in_features))
-        counts.shared_gate_up = True
+    for name, tensor in tensors.items():
+        writer.add(name, tensor)
     writer.metadata.update({"layer": str(layer), "mode": observer.mode.value, _COUNTS_KEY: counts.model_dump_json()})
     directory.mkdir(parents=True, exist_ok=True)
     return writer.commit(), counts
+
+
+def _stats_from(key: str, names: set[str], get) -> ExpertInputStats | None:
+    """The statistics under `key` (`experts.E.G`, `shared.G`) from tensors `get(name)`; None where there are none."""
+    if f"{key}.tokens" not in names:
+        return None
+    tokens = int(get(f"{key}.tokens"))
+    energy = get(f"{key}.channel_energy")
+    dense = f"{key}.hessian" in names
+    quantized = None
+    if f"{key}.quantized_energy" in names:
+        matrices = [get(f"{key}.{n}") for n in ("quantized_hessian", "cross")] if dense else []
+        quantized = QuantizedInputStats(get(f"{key}.quantized_energy"), get(f"{key}.cross_energy"), *matrices)
+    if not dense:
+        return ExpertInputStats(tokens, energy, quantized=quantized)
+    norm_fourth, fourth_power = get(f"{key}.fourth_moments").tolist()
+    return ExpertInputStats(tokens, energy, get(f"{key}.hessian"), norm_fourth, fourth_power, quantized)
+
+
+class InMemoryLayerStats:
+    """A layer's statistics held in memory (`layer_stats_tensors`), read as `LayerStatsFile` reads its file."""
+
+    def __init__(self, layer: int, tensors: dict[str, torch.Tensor]):
+        self.layer = layer
+        self.tensors = tensors
+        self.names = set(tensors)
+
+    def expert(self, expert: int, group: str) -> ExpertInputStats | None:
+        return _stats_from(f"experts.{expert}.{group}", self.names, self.tensors.__getitem__)
+
+    def shared(self, group: str) -> ExpertInputStats | None:
+        return _stats_from(f"shared.{group}", self.names, self.tensors.__getitem__)
 
 
 class LayerStatsFile:
@@ -147,19 +195,7 @@ class LayerStatsFile:
             return None
         try:
             with safe_open(str(self.path), framework="pt") as f:
-                tokens = int(f.get_tensor(f"{key}.tokens"))
-                energy = f.get_tensor(f"{key}.channel_energy")
-                dense = f"{key}.hessian" in self.names
-                quantized = None
-                if f"{key}.quantized_energy" in self.names:
-                    matrices = [f.get_tensor(f"{key}.{n}") for n in ("quantized_hessian", "cross")] if dense else []
-                    quantized = QuantizedInputStats(f.get_tensor(f"{key}.quantized_energy"),
-                                                    f.get_tensor(f"{key}.cross_energy"), *matrices)
-                if not dense:
-                    return ExpertInputStats(tokens, energy, quantized=quantized)
-                norm_fourth, fourth_power = f.get_tensor(f"{key}.fourth_moments").tolist()
-                return ExpertInputStats(tokens, energy, f.get_tensor(f"{key}.hessian"), norm_fourth, fourth_power,
-                                        quantized)
+                return _stats_from(key, self.names, f.get_tensor)
         except (OSError, KeyError, ValueError, RuntimeError) as e:
             raise CheckpointError(f"expert statistics are malformed ({e})", file=self.path, tensor=key) from None
 
@@ -188,10 +224,12 @@ def read_layer_counts(path: Path) -> LayerStatsCounts:
 __all__ = [
     "EXPERT_STATS_DIR",
     "ExpertStatsMode",
+    "InMemoryLayerStats",
     "LayerExpertStats",
     "LayerStatsFile",
     "LayerStatsCounts",
     "layer_stats_name",
+    "layer_stats_tensors",
     "read_layer_counts",
     "read_layer_stats",
     "write_layer_stats",

@@ -69,8 +69,8 @@ def _int4(source: CheckpointReader, module: str, device: torch.device) -> Int4Ma
     return Int4Matrix.from_packed(weight_packed.to(device), source.load(scale).to(device), in_features)
 
 
-def _matrices(
-    source: CheckpointReader, item: ExpertInput, device: torch.device, stats: LayerStatsFile
+def expert_matrices(
+    source: CheckpointReader, item: ExpertInput, device: torch.device, stats: Any
 ) -> ExpertMatrices:
     layout = source.layout
     modules = [layout.expert_module(item.layer, item.expert, p) for p in INPUT_PROJS[item.group]]
@@ -100,29 +100,46 @@ def rewrite_shard(
     :param stats_for_layer: the statistics file of a layer (checked by the caller against the manifest).
     :param method_options: the method's options (its typed model's fields; default its defaults).
     """
-    path = output / file
-    with safe_open(str(path), framework="pt") as f:
-        metadata = f.metadata() or {}
-        tensors = {name: f.get_tensor(name) for name in f.keys()}
     items = expert_inputs_in(out_reader, file)
     outcome_sources: dict[str, int] = {}
     kept = 0
+    replacements: dict[str, torch.Tensor] = {}
     for start in range(0, len(items), batch_experts):
         batch = items[start : start + batch_experts]
-        experts = [_matrices(source, item, device, stats_for_layer(item.layer)) for item in batch]
+        experts = [expert_matrices(source, item, device, stats_for_layer(item.layer)) for item in batch]
         summary = requantize_experts(method, experts, batch_experts=batch_experts, options=method_options)
         for item, refined in zip(batch, summary.experts, strict=True):
             outcome_sources[refined.source.value] = outcome_sources.get(refined.source.value, 0) + 1
             kept += sum(refined.kept_search)
-            for proj, q in zip(INPUT_PROJS[item.group], refined.tensors, strict=True):
-                module = out_reader.layout.expert_module(item.layer, item.expert, proj)
-                for suffix, value in zip(_NVFP4_SUFFIXES, (q.weight, q.weight_scale, q.weight_scale_2)):
-                    _replace(tensors, path, f"{module}.{suffix}", value)
+            replacements.update(expert_tensors(out_reader, item, refined.tensors))
+    written = replace_in_shard(output / file, replacements)
+    return ShardOutcome(written, len(items), dict(sorted(outcome_sources.items())), kept)
+
+
+def expert_tensors(out_reader: CheckpointReader, item: ExpertInput, tensors: list[Any]) -> dict[str, torch.Tensor]:
+    """The full tensor names and values of one expert input's NVFP4 result (`weight`, `weight_scale`,
+    `weight_scale_2` per projection), on the CPU."""
+    out = {}
+    for proj, q in zip(INPUT_PROJS[item.group], tensors, strict=True):
+        module = out_reader.layout.expert_module(item.layer, item.expert, proj)
+        for suffix, value in zip(_NVFP4_SUFFIXES, (q.weight, q.weight_scale, q.weight_scale_2)):
+            out[f"{module}.{suffix}"] = value.detach().to("cpu").contiguous()
+    return out
+
+
+def replace_in_shard(path: Path, replacements: dict[str, torch.Tensor]) -> WrittenShard:
+    """Rewrite the shard at `path` atomically with the tensors of `replacements` it holds replaced (names it does not
+    hold belong to another shard and are ignored), every other tensor and the metadata copied: requantize's
+    rewrite and calibrate's fused method write the same bytes for the same values."""
+    with safe_open(str(path), framework="pt") as f:
+        metadata = f.metadata() or {}
+        tensors = {name: f.get_tensor(name) for name in f.keys()}
+    for name, value in replacements.items():
+        _replace(tensors, path, name, value)
     writer = ShardWriter(path, metadata={k: v for k, v in metadata.items() if k != "format"})
     for name, t in tensors.items():
         writer.add(name, t)
-    written = writer.commit()
-    return ShardOutcome(written, len(items), dict(sorted(outcome_sources.items())), kept)
+    return writer.commit()
 
 
 def _replace(tensors: dict[str, torch.Tensor], path: Path, name: str, value: torch.Tensor) -> None:

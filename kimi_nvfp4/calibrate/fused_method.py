@@ -1,0 +1,204 @@
+"""`calibrate --method gptq` (or act-diag): the routed experts requantized inside calibrate's layer loop, with the
+statistics held in memory only.
+
+Per MoE layer, `run_calibration` calls this hook as it calls `ExpertStatsHook`: the observe pass (W4A16, the layer
+as convert wrote it) accumulates each routed expert's input statistics beside calibrate's collector; when it ends
+(`observe_done`, after the ranks' sums are combined) the layer's statistics become exactly the tensors a statistics
+file would hold (`layer_stats_tensors`: same dtypes, same dense threshold, kept on their device), the layer's
+experts are solved from the INT4 source in batches of `batch_experts` (the memory planner's, stage_kit/
+expert_solve_plan.py), the sums are freed, and the layer's new expert tensors are written to a staging file
+`OUTPUT/calibration/fused_experts/layer_LLL.safetensors` (atomic). After the last layer, `finalize` rewrites every
+shard holding routed experts from the staging files (requantize's `replace_in_shard`: the bytes requantize writes
+for the same values), records them as requantize records them, and deletes the staging files.
+
+Why staging instead of rewriting the shard at once: calibrate's resume snapshot is keyed to the shards' size and
+mtime (stage_kit/resume_fingerprint.py), and a layer redone after a kill must observe the weights convert wrote,
+not ones already requantized; shards are therefore only written once the loop is over, and a kill during that
+last step resumes from the staging files (`pending_finalize`). The staging files hold weights (a layer's NVFP4
+experts: 8.9 GiB at K2.6), never statistics (85 GB per layer at K2.6): 0 bytes of statistics reach the disk unless
+`keep_stats` (a debug flag) asks for the files `requantize` reads.
+
+Propagation (docs/numerics.md, "GPTQ inside calibrate"): the next layer's inputs come from the layer as convert
+wrote it (int4-aware weights, W4A4), not from the requantized layer: the fused shards are then byte-identical to
+`calibrate --expert-stats hessian` followed by `requantize --no-recalibrate`, and the input scales are those of the
+int4-aware layers (the down_proj input scale is not refreshed for the new gate/up weights).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from ..checkpoint.reader import CheckpointReader
+from ..checkpoint.writer import ShardWriter, sha256_file
+from ..errors import CheckpointError
+from .expert_stats import DOWN, GATE_UP, CollectorWithExpertStats, ExpertStatsMode, ExpertStatsObserver, \
+    expert_stats_mode_for
+from .expert_stats_file import InMemoryLayerStats, LayerStatsCounts, layer_stats_name, layer_stats_tensors, \
+    write_layer_stats
+
+FUSED_DIR = "fused_experts"  # under OUTPUT/calibration: per-layer staging of the requantized expert tensors
+FUSED_RECORD = "fused_method"  # key in stages.calibrate.outputs
+STATISTICS_MODE = "in-memory"  # the requantize record's statistics_mode for fused runs
+_OUTCOME_KEY = "outcome"
+
+
+class FusedMethodHook:
+    """Solves each MoE layer's experts when its observe pass ends (module docstring); rank 0 solves and writes."""
+
+    def __init__(self, method: str, method_options: dict[str, Any], output: Path, source: CheckpointReader,
+                 out_reader: CheckpointReader, *, batch_experts: int, keep_stats_dir: Path | None = None):
+        self.method = method
+        self.method_options = method_options
+        self.mode = expert_stats_mode_for(method)
+        if self.mode.quantized:
+            raise ValueError(f"calibrate --method {method}: its statistics come from the W4A4 pass of the layer it "
+                             "changes; use calibrate --expert-stats w4a4 and requantize")
+        self.directory = Path(output) / "calibration" / FUSED_DIR
+        self.source, self.out_reader = source, out_reader
+        self.batch_experts = batch_experts
+        self.keep_stats_dir = keep_stats_dir
+        self.files: dict[str, str] = {}  # staging file -> sha256 (the snapshot keeps it)
+        self.counts: list[LayerStatsCounts] = []
+        self._observer: ExpertStatsObserver | None = None
+        self._device = torch.device("cpu")
+
+    # --- run_calibration's hook protocol (the one ExpertStatsHook follows) ---------------------------------------
+    def observer(self, collector: Any, device: torch.device) -> Any:
+        self._device = device
+        self._observer = ExpertStatsObserver(self.mode, device)
+        return CollectorWithExpertStats(collector, self._observer)
+
+    def start_layer(self, layer: int) -> None:
+        self._observer.start_layer(layer)
+
+    def observe_done(self, layer: int, reader: CheckpointReader, ctx: Any) -> None:
+        cfg = reader.layout.text
+        if not cfg.is_moe_layer(layer):
+            return
+        widths = {GATE_UP: cfg.hidden_size, DOWN: cfg.moe_intermediate_size}
+        self._observer.combine_ranks(ctx, widths, cfg.n_routed_experts)
+        if ctx.is_main:
+            if self.keep_stats_dir is not None:
+                write_layer_stats(self.keep_stats_dir, layer, self._observer)
+            tensors, counts = layer_stats_tensors(layer, self._observer, device=None)
+            self._observer.start_layer(layer)  # the sums are no longer needed: free them before the solve
+            self._solve(layer, InMemoryLayerStats(layer, tensors))
+            self.counts.append(counts)
+        self._observer.start_layer(layer)
+
+    def advance_observer(self, weights: Any) -> None:
+        return None
+
+    def finish_layer(self, layer: int, reader: CheckpointReader, ctx: Any) -> None:
+        pass
+
+    # --- the solve -------------------------------------------------------------------------------------------------
+    def _solve(self, layer: int, stats: InMemoryLayerStats) -> None:
+        from ..numerics.methods import requantize_experts
+        from ..requantize.shard import expert_inputs_in, expert_matrices, expert_tensors
+
+        items = sorted({item for file in self.out_reader.shard_files
+                        for item in expert_inputs_in(self.out_reader, file) if item.layer == layer})
+        device = self._device
+        out: dict[str, torch.Tensor] = {}
+        sources: dict[str, int] = {}
+        kept = 0
+        for start in range(0, len(items), self.batch_experts):
+            batch = items[start : start + self.batch_experts]
+            experts = [expert_matrices(self.source, item, device, stats) for item in batch]
+            summary = requantize_experts(self.method, experts, batch_experts=self.batch_experts,
+                                         options=self.method_options)
+            for item, refined in zip(batch, summary.experts, strict=True):
+                sources[refined.source.value] = sources.get(refined.source.value, 0) + 1
+                kept += sum(refined.kept_search)
+                out.update(expert_tensors(self.out_reader, item, refined.tensors))
+        outcome = {"experts": len(items), "sources": dict(sorted(sources.items())), "matrices_kept_search": kept}
+        writer = ShardWriter(self.directory / layer_stats_name(layer),
+                             metadata={"layer": str(layer), _OUTCOME_KEY: json.dumps(outcome)})
+        for name, tensor in out.items():
+            writer.add(name, tensor)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        written = writer.commit()
+        self.files[written.file] = written.sha256
+
+    def record(self) -> dict[str, Any]:
+        return {"method": self.method, "batch_experts": self.batch_experts, "statistics_on_disk":
+                self.keep_stats_dir is not None, "layers": len(self.files)}
+
+
+def require_not_requantized(output: Path) -> None:
+    """calibrate --method observes the experts as convert wrote them: refuse a checkpoint whose expert shards a
+    requantize (or an earlier fused run, finished or killed while writing shards) already rewrote."""
+    from ..checkpoint.manifest import load_manifest
+    from ..requantize.record import REQUANTIZE_STAGE
+
+    if REQUANTIZE_STAGE in load_manifest(output).stages:
+        raise CheckpointError("calibrate --method needs the routed experts as convert wrote them, but requantize "
+                              "already rewrote them here; convert again into a fresh folder",
+                              file=output / "kimi_nvfp4_manifest.json")
+
+
+def _staged(directory: Path, files: dict[str, str]) -> tuple[dict[str, Path], dict[str, dict[str, Any]]]:
+    """Tensor name -> staging file, and each file's outcome; every file checked against its recorded sha256."""
+    where, outcomes = {}, {}
+    for name, digest in sorted(files.items()):
+        path = directory / name
+        if not path.is_file() or sha256_file(path) != digest:
+            raise CheckpointError("a staged requantized layer is missing or changed (run calibrate --method again "
+                                  "on a fresh conversion)", file=path)
+        with safe_open(str(path), framework="pt") as f:
+            outcomes[name] = json.loads((f.metadata() or {})[_OUTCOME_KEY])
+            for tensor in f.keys():
+                where[tensor] = path
+    return where, outcomes
+
+
+def finalize(output: Path, directory: Path, files: dict[str, str], method: str,
+             method_options: dict[str, Any]) -> None:
+    """Rewrite every routed-expert shard from the staging files, record them as requantize does (a shard at a time,
+    so a kill here resumes with the shards not yet recorded), then delete the staging files."""
+    from ..checkpoint.manifest import ShardRecord, conversion_sha256, load_manifest
+    from ..requantize.api import _save_progress
+    from ..requantize.record import RequantizedShard, RequantizeRecord, requantized_sha256
+    from ..requantize.shard import expert_inputs_in, replace_in_shard
+
+    where, outcomes = _staged(directory, files)
+    reader = CheckpointReader(output)
+    manifest = load_manifest(output)
+    conversion = conversion_sha256(manifest.settings, manifest.source.fingerprint)
+    record = RequantizeRecord(method=method, statistics_mode=STATISTICS_MODE)
+    settings = {"method": method, "recalibrate": False, "method_options": method_options, "fused": True}
+    for file in [f for f in reader.shard_files if expert_inputs_in(reader, f)]:
+        layers = sorted({item.layer for item in expert_inputs_in(reader, file)})
+        used = {f"calibration/{FUSED_DIR}/{layer_stats_name(layer)}": files[layer_stats_name(layer)]
+                for layer in layers if layer_stats_name(layer) in files}
+        names = [n for n in reader.shard_tensors(file) if n in where]
+        replacements = {}
+        for path in sorted({where[n] for n in names}):
+            with safe_open(str(path), framework="pt") as f:
+                replacements.update({n: f.get_tensor(n) for n in names if where[n] == path})
+        w = replace_in_shard(output / file, replacements)
+        manifest.shards[file] = ShardRecord(file=w.file, sha256=w.sha256, bytes=w.bytes, tensors=w.tensors,
+                                            settings_sha256=requantized_sha256(method, used, conversion,
+                                                                               method_options))
+        layer_outcomes = [outcomes[layer_stats_name(layer)] for layer in layers if layer_stats_name(layer) in files]
+        sources: dict[str, int] = {}
+        for o in layer_outcomes:
+            for key, n in o["sources"].items():
+                sources[key] = sources.get(key, 0) + n
+        record.shards[file] = RequantizedShard(
+            sha256=w.sha256, method=method, statistics=used, experts=sum(o["experts"] for o in layer_outcomes),
+            sources=dict(sorted(sources.items())), method_options=method_options,
+            matrices_kept_search=sum(o["matrices_kept_search"] for o in layer_outcomes))
+        _save_progress(output, manifest, record, settings, complete=False)
+    _save_progress(output, manifest, record, settings, complete=True)
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+__all__ = ["FUSED_DIR", "FUSED_RECORD", "FusedMethodHook", "finalize", "require_not_requantized"]
