@@ -1,16 +1,18 @@
 """calibrate --method gptq (fused, statistics in memory) against calibrate --expert-stats hessian + requantize
 --no-recalibrate on the demo checkpoint, CPU: wall time, statistics bytes written, shard equality.
-Usage: python bench/bench_fused_gptq.py [--samples N] [--seq-len L] [--out results.json]"""
+
+    python -m bench.speed.fused_gptq --json bench/results/fused_gptq_demo_cpu.json
+"""
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
+from bench.harness.results import bench_parser, write_result
 from kimi_nvfp4.calibrate import calibrate_checkpoint
 from kimi_nvfp4.checkpoint.manifest import load_manifest
 from kimi_nvfp4.convert.api import convert_checkpoint
@@ -23,10 +25,9 @@ def _bytes(folder: Path) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = bench_parser(__doc__)
     parser.add_argument("--samples", type=int, default=32)
     parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     kw = dict(samples=args.samples, seq_len=args.seq_len, device="cpu", progress=False)
     with tempfile.TemporaryDirectory() as tmp:
@@ -54,9 +55,7 @@ def main() -> None:
                   "two_stage_statistics_bytes": stats_bytes,
                   "fused_statistics_bytes": _bytes(fused / "calibration" / "expert_stats"),
                   "shards_identical": same}
-    print(json.dumps(result, indent=2))
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(write_result(args.json, result, device="cpu"), indent=2))
 
 
 if __name__ == "__main__":
