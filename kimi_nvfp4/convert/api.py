@@ -207,7 +207,7 @@ def convert_checkpoint(
         state, record = _prepare(ctx, output, fresh, {j.file for j in plan.jobs}, overwrite=overwrite, durable=fsync,
                                  remove_unlisted=opts.overwrite_unlisted)
         todo = [job for job in plan.jobs if job.file not in state.finished]
-        if ctx.is_main and record is not None:  # what is still to write: each output shard ~ its source shard
+        if opts.space_check and ctx.is_main and record is not None:  # each output shard ~ its source shard
             require_free_space(output, sum((plan.root / job.file).stat().st_size for job in todo), "convert")
         results: list[ShardResult] = []
         # A finished conversion is left untouched: calibrate may since have added input scales to its index.

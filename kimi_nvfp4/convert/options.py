@@ -49,6 +49,11 @@ class ConvertOptions(StageOptions):
         True, description="Flush each finished shard to disk before recording it. --no-fsync leaves write-back to "
                           "the OS (same bytes; faster where the disk is slower than the conversion): a killed run "
                           "loses nothing, and after an OS crash or reboot a resume re-checks such shards' sha256.")
+    space_check: bool = Field(
+        True, description="Refuse to start when the output's disk has less free space than what is left to write "
+                          "(about the source's size). --no-space-check for filesystems whose free space says "
+                          "nothing (quotas, thin-provisioned or network volumes); a disk that fills then stops the "
+                          "run with exit 4 and a resume continues.")
 
     # What decides the output bytes and config: a finished output with other values is not this conversion.
     RECORDED: ClassVar[tuple[str, ...]] = ("method", "kv_cache_quant_algo", "shared_experts", "shared_expert_scales")

@@ -153,9 +153,9 @@ def _can_mount() -> bool:
 real_mounts = pytest.mark.skipif(not _can_mount(), reason="needs unshare -m and mount (root in a private namespace)")
 
 
-def _convert_in_namespace(setup: str, source: Path, out: Path) -> subprocess.CompletedProcess:
+def _convert_in_namespace(setup: str, source: Path, out: Path, *flags: str) -> subprocess.CompletedProcess:
     cmd = (f"{setup} && exec {sys.executable} -m kimi_nvfp4 convert {source} {out} --method amax --no-stats "
-           "--device cpu --no-progress")
+           f"--device cpu --no-progress {' '.join(flags)}")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", cmd], capture_output=True,
                           text=True, env=env, timeout=300)
@@ -164,12 +164,24 @@ def _convert_in_namespace(setup: str, source: Path, out: Path) -> subprocess.Com
 @real_mounts
 @pytest.mark.parametrize("size", ["16k", "300k"], ids=["full-at-once", "full-midway"])
 def test_real_full_disk(source, tmp_path, size):
+    """With the up-front space check off (a filesystem whose free space says nothing), a disk that fills while
+    writing stops the run with one line naming the file."""
     out = tmp_path / "out"
     out.mkdir()
-    proc = _convert_in_namespace(f"mount -t tmpfs -o size={size} tmpfs {out}", source, out)
+    proc = _convert_in_namespace(f"mount -t tmpfs -o size={size} tmpfs {out}", source, out, "--no-space-check")
     err = proc.stderr.strip()
     assert proc.returncode == OUTPUT_ERROR and len(err.splitlines()) == 1, err
     assert err.startswith("error: file ") and "disk full" in err and "Traceback" not in err
+
+
+@real_mounts
+def test_real_small_disk_is_refused_before_a_shard_is_written(source, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = _convert_in_namespace(f"mount -t tmpfs -o size=300k tmpfs {out}", source, out)
+    err = proc.stderr.strip()
+    assert proc.returncode == 10 and len(err.splitlines()) == 1, err
+    assert "convert needs" in err and "free" in err and "Traceback" not in err
 
 
 @real_mounts
