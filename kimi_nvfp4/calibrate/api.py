@@ -33,15 +33,8 @@ from ..model.linear import NVFP4Linear
 from ..model.runner import CUDA_MAX_CHUNK_TOKENS, DEFAULT_MAX_CHUNK_TOKENS
 from ..stage_kit.device import AUTO_DTYPE, PhaseClock, dtype_name, resolve_device, resolve_dtype, synchronize
 from ..stage_kit.disk_space import warn_if_snapshots_cannot_fit
-from ..stage_kit.memory_plan import (
-    MemoryPlan,
-    announce,
-    apply_gpu_cap,
-    out_of_memory,
-    plan_stage,
-    planning_device,
-    rank_tokens,
-)
+from ..stage_kit.memory_plan import announce, apply_gpu_cap, out_of_memory
+from .memory import calibration_plan
 from .options import DEFAULT_SAMPLES, DEFAULT_SEQ_LEN, CalibrateOptions
 from ..stage_kit.output_paths import require_writable_dir
 from ..stage_kit.pairing import require_converted, require_matching_source
@@ -363,8 +356,7 @@ def calibrate_checkpoint(
         opts.expert_stats, output / CALIBRATION_DIR / EXPERT_STATS_DIR)
     mine = ctx.shard(sample_set.sequences)
     stats_dir = calib_dir / ACTIVATION_STATS_DIR if save_activation_stats else None
-    plan = plan_stage(out_reader.layout.text, opts, stage="calibrate", device=dev, dtype=compute_dtype,
-                      tokens=sum(int(s.numel()) for s in mine), streams=1, sources=1)
+    plan = calibration_plan(out_reader.layout.text, opts, dev, compute_dtype, sum(int(s.numel()) for s in mine))
     if opts.method is not None:
         require_not_requantized(output)
         solve = plan_expert_solve(out_reader.layout.text, plan, dev,
@@ -443,24 +435,12 @@ def calibrate_checkpoint(
     return report
 
 
-def plan_calibration(output: str | Path, options: CalibrateOptions | None = None, **overrides: Any) -> MemoryPlan:
-    """The memory plan `calibrate_checkpoint` would make for OUTPUT, from its config alone (no weights, no data):
-    for `samples x seq_len` tokens shared by the torchrun ranks (WORLD_SIZE), on `device` even if it is not here
-    (`gpu_memory` then says how much it has). `kimi-nvfp4 calibrate --dry-run` prints it."""
-    opts = CalibrateOptions.build(options, overrides, "plan_calibration")
-    dev = planning_device(opts.device)
-    reader = CheckpointReader(Path(output))
-    return plan_stage(reader.layout.text, opts, stage="calibrate", device=dev, dtype=resolve_dtype(opts.dtype, dev),
-                      tokens=rank_tokens(opts.samples * opts.seq_len), streams=1, sources=1)
-
-
 __all__ = [
     "CALIBRATE_STAGE",
     "DEFAULT_SAMPLES",
     "DEFAULT_SEQ_LEN",
     "CalibrationRun",
     "calibrate_checkpoint",
-    "plan_calibration",
     "quantized_modules",
     "run_calibration",
 ]

@@ -40,7 +40,7 @@ def calibrate_command(
     rewritten. Writes a calibration report (JSON, Markdown, PNG) to OUTPUT/calibration.
     """
     if dry_run:
-        from .api import plan_calibration
+        from .memory import plan_calibration
 
         click.echo(plan_calibration(output, options).model_dump_json(indent=2))
         return

@@ -23,6 +23,15 @@ from .server_requests import ServerBusy
 DEFAULT_MAX_PENDING = 16
 
 
+
+def refuse_when_full(stopping: threading.Event, pending: int, max_pending: int) -> None:
+    """The admission rule of every bounded queue of the reference server (called under the queue's lock): refuse
+    while shutting down or at `max_pending`, with SGLang's --max-queued-requests answer (ServerBusy, HTTP 503)."""
+    if stopping.is_set():
+        raise ServerBusy("The server is shutting down.")
+    if pending >= max_pending:
+        raise ServerBusy(f"The request queue is full. ({pending} requests pending, limit {max_pending})")
+
 class RequestCancelled(Exception):
     """The request was cancelled (client gone, server stopping) before the engine started it."""
 
@@ -50,11 +59,7 @@ class EngineWorker:
         """Queue `fn(*args, cancelled)`; returns its future and its cancel event (ServerBusy when full)."""
         cancelled = threading.Event()
         with self._lock:
-            if self.stopping.is_set():
-                raise ServerBusy("The server is shutting down.")
-            if self._pending >= self.max_pending:
-                raise ServerBusy(f"The request queue is full. ({self._pending} requests pending, "
-                                 f"limit {self.max_pending})")
+            refuse_when_full(self.stopping, self._pending, self.max_pending)
             self._pending += 1
             self._cancel_events.add(cancelled)
         fut: Future = Future()

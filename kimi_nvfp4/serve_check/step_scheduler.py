@@ -23,8 +23,7 @@ from collections import deque
 from concurrent.futures import Future
 from typing import Any, Protocol
 
-from .engine_worker import RequestCancelled
-from .server_requests import ServerBusy
+from .engine_worker import RequestCancelled, refuse_when_full
 
 # Generations interleaved at once (SGLang's --max-running-requests); each holds its own KV cache,
 # so this bounds memory as well as how thin the engine's time is sliced.
@@ -74,11 +73,7 @@ class StepScheduler:
     def submit(self, task: StepTask) -> Future:
         """Hold `task` until it is DONE; its future gets `task.result()` (ServerBusy when full)."""
         with self._cond:
-            if self.stopping.is_set():
-                raise ServerBusy("The server is shutting down.")
-            if self._pending >= self.max_pending:
-                raise ServerBusy(f"The request queue is full. ({self._pending} requests pending, "
-                                 f"limit {self.max_pending})")
+            refuse_when_full(self.stopping, self._pending, self.max_pending)
             self._pending += 1
             self._tasks.add(task)
             fut: Future = Future()

@@ -19,15 +19,8 @@ import torch
 
 from ..stage_kit.device import AUTO_DTYPE, PhaseClock, dtype_name, resolve_device, resolve_dtype, synchronize
 from ..stage_kit.disk_space import warn_if_snapshots_cannot_fit
-from ..stage_kit.memory_plan import (
-    MemoryPlan,
-    announce,
-    apply_gpu_cap,
-    out_of_memory,
-    plan_stage,
-    planning_device,
-    rank_tokens,
-)
+from ..stage_kit.memory_plan import announce, apply_gpu_cap, out_of_memory
+from .memory import validation_plan
 from ..stage_kit.output_paths import require_writable_dir
 from ..stage_kit.pairing import require_converted, require_matching_source
 from ..stage_kit.progress import job_tokens, layer_progress
@@ -331,7 +324,8 @@ def validate_checkpoint(
 
     mine = ctx.shard(sample_set.sequences)
     baseline = baseline_enabled(opts.baseline, sample_set.tokens)
-    plan = _plan(out_reader, opts, dev, compute_dtype, sum(int(s.numel()) for s in mine), baseline)
+    plan = validation_plan(out_reader.layout.text, opts, dev, compute_dtype, sum(int(s.numel()) for s in mine),
+                           baseline)
     apply_gpu_cap(dev, opts.gpu_memory)
     announce(plan, progress and ctx.is_main)
     warn_if_snapshots_cannot_fit(plan.snapshot_bytes, report_dir, opts.resume_every, "validate")
@@ -410,23 +404,6 @@ def validate_checkpoint(
         resume.store.finish()  # the report is written: the snapshots are no longer needed
     ctx.barrier()
     return report
-
-
-def _plan(reader: CheckpointReader, opts: ValidateOptions, device: torch.device, dtype: torch.dtype, tokens: int,
-          baseline: bool) -> MemoryPlan:
-    """Validate's memory plan: the INT4 stream, one per mode and the baseline's, over two checkpoints per layer."""
-    return plan_stage(reader.layout.text, opts, stage="validate", device=device, dtype=dtype, tokens=tokens,
-                      streams=1 + len(opts.modes) + int(baseline), sources=2, baseline=baseline)
-
-
-def plan_validation(output: str | Path, options: ValidateOptions | None = None, **overrides: Any) -> MemoryPlan:
-    """The memory plan `validate_checkpoint` would make for OUTPUT from its config alone (no weights, no data),
-    for `samples x seq_len` tokens shared by the torchrun ranks; `kimi-nvfp4 validate --dry-run` prints it."""
-    opts = ValidateOptions.build(options, overrides, "plan_validation")
-    dev = planning_device(opts.device)
-    total = opts.samples * opts.seq_len
-    return _plan(CheckpointReader(Path(output)), opts, dev, resolve_dtype(opts.dtype, dev), rank_tokens(total),
-                 baseline_enabled(opts.baseline, total))
 
 
 def _usable(w: LayerWeights, mode: ActivationMode) -> bool:

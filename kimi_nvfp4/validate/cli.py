@@ -43,7 +43,7 @@ def validate_command(
     (see kimi-nvfp4 --help).
     """
     if dry_run:
-        from .api import plan_validation
+        from .memory import plan_validation
 
         click.echo(plan_validation(output, options).model_dump_json(indent=2))
         return
