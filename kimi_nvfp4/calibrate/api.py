@@ -34,7 +34,7 @@ from ..model.runner import CUDA_MAX_CHUNK_TOKENS, DEFAULT_MAX_CHUNK_TOKENS
 from ..stage_kit.device import AUTO_DTYPE, PhaseClock, dtype_name, resolve_device, resolve_dtype, synchronize
 from ..stage_kit.disk_space import warn_if_snapshots_cannot_fit
 from ..stage_kit.memory_plan import announce, apply_gpu_cap, out_of_memory
-from .memory import calibration_plan
+from .memory import calibration_plan, method_solve_plan
 from .options import DEFAULT_SAMPLES, DEFAULT_SEQ_LEN, CalibrateOptions
 from ..stage_kit.output_paths import require_writable_dir
 from ..stage_kit.pairing import require_converted, require_matching_source
@@ -68,7 +68,6 @@ from .expert_stats import ExpertStatsMode, expert_stats_mode_for
 from .expert_stats_file import EXPERT_STATS_DIR
 from .expert_stats_hook import EXPERT_STATS_RECORD, ExpertStatsHook
 from .fused_method import FUSED_RECORD, FusedMethodHook, finalize, require_not_requantized
-from ..stage_kit.expert_solve_plan import plan_expert_solve
 
 # Reports and per-layer statistics go here, inside the output folder.
 CALIBRATION_DIR = "calibration"
@@ -271,7 +270,8 @@ def run_calibration(
         clock.mark("observe")
         collector.combine_ranks(ctx)
         if expert_stats is not None:
-            expert_stats.observe_done(layer, reader, ctx)
+            expert_stats.observe_done(layer, reader, ctx, rerun=lambda obs: runner.feed_forward(
+                attended, w, observer=obs, output=False))
         layer_scales, entry = _layer_scales(
             reader, layer, collector, policy=policy, min_expert_tokens=min_expert_tokens
         )
@@ -359,11 +359,11 @@ def calibrate_checkpoint(
     plan = calibration_plan(out_reader.layout.text, opts, dev, compute_dtype, sum(int(s.numel()) for s in mine))
     if opts.method is not None:
         require_not_requantized(output)
-        solve = plan_expert_solve(out_reader.layout.text, plan, dev,
-                                  dense=expert_stats_mode_for(opts.method.value).dense)
+        solve = method_solve_plan(out_reader.layout.text, opts, plan, dev)
         expert_hook = FusedMethodHook(
             opts.method.value, opts.method_config().model_dump(mode="json"), output, CheckpointReader(source),
             out_reader, batch_experts=solve.batch_experts,
+            group_experts=min(ctx.all_gather_object(solve.group_experts)),  # every rank runs the same passes
             keep_stats_dir=output / CALIBRATION_DIR / EXPERT_STATS_DIR if opts.keep_expert_stats else None)
     apply_gpu_cap(dev, opts.gpu_memory)
     announce(plan, progress and ctx.is_main)

@@ -104,6 +104,11 @@ class ExpertStatsObserver:
         # None until `arm` (the observe pass before it is not what the served layer reads)
         self._linears: dict[str, Linear] | None = None
         self._shared_quantizer: Linear | None = None
+        # Expert groups (calibrate --method, when one layer's dense sums do not fit at once): only experts in
+        # [lo, hi) are recorded; the MoE skips the others in statistics-only passes (model/moe.py). The shared
+        # input is recorded in the layer's first pass only (`record_shared`).
+        self.expert_range: tuple[int, int] | None = None
+        self.record_shared = True
 
     @property
     def dense(self) -> bool:
@@ -115,6 +120,21 @@ class ExpertStatsObserver:
         self.shared = None
         self._linears = None
         self._shared_quantizer = None
+        self.expert_range = None
+        self.record_shared = True
+
+    def start_group(self, lo: int, hi: int, *, first: bool) -> None:
+        """Record experts [lo, hi) of the current layer from now on (the previous group's sums dropped); the
+        shared input's statistics are kept from the first group's pass and not recorded again."""
+        self.experts = {}
+        self.expert_range = (lo, hi)
+        self.record_shared = first
+
+    @property
+    def experts_only(self) -> bool:
+        """A later group's pass: nothing but the routed experts in `expert_range` is wanted (model/moe.py skips
+        the shared expert and the other routed experts)."""
+        return self.expert_range is not None and not self.record_shared
 
     def arm(self, weights: LayerWeights) -> None:
         """w4a4 mode: record from now on, quantizing each input as `weights`' linears do (their W4A4 scales set)."""
@@ -139,6 +159,8 @@ class ExpertStatsObserver:
         if self.mode.quantized and self._linears is None:
             return  # the observe pass: the served layer's scales are not chosen yet
         if expert is None:
+            if not self.record_shared:
+                return
             if module == SHARED_INPUT_MODULE and (not self.mode.quantized or self._shared_quantizer is not None):
                 if self.shared is None:
                     self.shared = self._accumulator(x.shape[-1])
@@ -146,6 +168,8 @@ class ExpertStatsObserver:
             return
         group = _STATS_INPUT.get(module.rsplit(".", 1)[-1])
         if group is None or not module.startswith(_EXPERT_PREFIX):
+            return
+        if self.expert_range is not None and not self.expert_range[0] <= expert < self.expert_range[1]:
             return
         acc = self.experts.get((expert, group))
         if acc is None:
@@ -165,13 +189,17 @@ class ExpertStatsObserver:
         fixed key order (every expert and input of the layer, created empty where a rank saw none)."""
         if not ctx.distributed:
             return
-        for e in range(n_experts):
+        lo, hi = self.expert_range or (0, n_experts)
+        for e in range(lo, hi):
             for group, width in widths.items():
                 if (e, group) not in self.experts:
                     self.experts[(e, group)] = self._accumulator(width)
-        if self.shared is None:
-            self.shared = self._accumulator(widths[GATE_UP])
-        for acc in [self.experts[k] for k in sorted(self.experts)] + [self.shared]:
+        shared = []
+        if self.record_shared:  # a later group's pass: the shared sums were combined with the first group's
+            if self.shared is None:
+                self.shared = self._accumulator(widths[GATE_UP])
+            shared = [self.shared]
+        for acc in [self.experts[k] for k in sorted(self.experts)] + shared:
             for total in acc.sums():
                 ctx.all_reduce_sum_(total)
             tokens = torch.tensor([acc.tokens], dtype=torch.int64, device=acc.sum_squares.device)

@@ -94,15 +94,18 @@ def _add(out: dict[str, torch.Tensor], key: str, stats: ExpertInputStats, dense_
     return True
 
 
-def layer_stats_tensors(layer: int, observer: ExpertStatsObserver, device: str | None = "cpu"
-                        ) -> tuple[dict[str, torch.Tensor], LayerStatsCounts]:
+def layer_stats_tensors(layer: int, observer: ExpertStatsObserver, device: str | None = "cpu", *,
+                        consume: bool = False) -> tuple[dict[str, torch.Tensor], LayerStatsCounts]:
     """One layer's statistics as the file holds them (names, dtypes, the dense threshold applied) and the fallback
     counts: what `write_layer_stats` writes and what calibrate's fused method reads in memory (`InMemoryLayerStats`),
     so both paths solve from the same numbers. `device` None keeps them where the sums are (the values are the
-    same: only the dtype casts decide them)."""
+    same: only the dtype casts decide them). `consume`: drop each expert's sums from `observer` once converted, so
+    the layer's sums and their converted copies are never both held whole (stage_kit/expert_solve_plan.py)."""
     counts = LayerStatsCounts(layer=layer, mode=observer.mode.value)
     out: dict[str, torch.Tensor] = {}
-    for (expert, group), acc in sorted(observer.experts.items()):
+    for key in sorted(observer.experts):
+        acc = observer.experts.pop(key) if consume else observer.experts[key]
+        expert, group = key
         if acc.tokens == 0:
             counts.without_tokens += 1
             continue

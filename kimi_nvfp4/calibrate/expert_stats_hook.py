@@ -42,7 +42,7 @@ class ExpertStatsHook:
     def start_layer(self, layer: int) -> None:
         self._observer.start_layer(layer)
 
-    def observe_done(self, layer: int, reader: CheckpointReader, ctx: Any) -> None:
+    def observe_done(self, layer: int, reader: CheckpointReader, ctx: Any, rerun: Any = None) -> None:
         if not self.mode.quantized:
             self._write(layer, reader, ctx)
 

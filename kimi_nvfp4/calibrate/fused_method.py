@@ -27,8 +27,11 @@ int4-aware layers (the down_proj input scale is not refreshed for the new gate/u
 from __future__ import annotations
 
 import json
+import logging
 import shutil
+import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -36,12 +39,13 @@ from safetensors import safe_open
 
 from ..checkpoint.reader import CheckpointReader
 from ..checkpoint.writer import ShardWriter, sha256_file
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ResourceError
 from .expert_stats import DOWN, GATE_UP, CollectorWithExpertStats, ExpertStatsMode, ExpertStatsObserver, \
     expert_stats_mode_for
 from .expert_stats_file import InMemoryLayerStats, LayerStatsCounts, layer_stats_name, layer_stats_tensors, \
     write_layer_stats
 
+log = logging.getLogger(__name__)
 FUSED_DIR = "fused_experts"  # under OUTPUT/calibration: per-layer staging of the requantized expert tensors
 FUSED_RECORD = "fused_method"  # key in stages.calibrate.outputs
 STATISTICS_MODE = "in-memory"  # the requantize record's statistics_mode for fused runs
@@ -52,7 +56,8 @@ class FusedMethodHook:
     """Solves each MoE layer's experts when its observe pass ends (module docstring); rank 0 solves and writes."""
 
     def __init__(self, method: str, method_options: dict[str, Any], output: Path, source: CheckpointReader,
-                 out_reader: CheckpointReader, *, batch_experts: int, keep_stats_dir: Path | None = None):
+                 out_reader: CheckpointReader, *, batch_experts: int, group_experts: int | None = None,
+                 keep_stats_dir: Path | None = None):
         self.method = method
         self.method_options = method_options
         self.mode = expert_stats_mode_for(method)
@@ -62,9 +67,15 @@ class FusedMethodHook:
         self.directory = Path(output) / "calibration" / FUSED_DIR
         self.source, self.out_reader = source, out_reader
         self.batch_experts = batch_experts
+        n_experts = out_reader.layout.text.n_routed_experts
+        self.group_experts = min(n_experts, group_experts or n_experts)
+        if keep_stats_dir is not None and self.group_experts < n_experts:
+            raise ResourceError(f"--keep-expert-stats writes a layer's statistics at once, but only "
+                                f"{self.group_experts} of {n_experts} experts' statistics fit in memory together")
         self.keep_stats_dir = keep_stats_dir
         self.files: dict[str, str] = {}  # staging file -> sha256 (the snapshot keeps it)
         self.counts: list[LayerStatsCounts] = []
+        self.seconds: list[dict[str, float]] = []  # per MoE layer: rerun passes, statistics, solve, write
         self._observer: ExpertStatsObserver | None = None
         self._device = torch.device("cpu")
 
@@ -76,20 +87,46 @@ class FusedMethodHook:
 
     def start_layer(self, layer: int) -> None:
         self._observer.start_layer(layer)
+        if self.group_experts < self.out_reader.layout.text.n_routed_experts:
+            self._observer.start_group(0, self.group_experts, first=True)
 
-    def observe_done(self, layer: int, reader: CheckpointReader, ctx: Any) -> None:
+    def observe_done(self, layer: int, reader: CheckpointReader, ctx: Any,
+                     rerun: Callable[[Any], None] | None = None) -> None:
+        """Solve the layer's experts, a group at a time: the first group's statistics come from calibrate's
+        observe pass; each later group's from `rerun(observer)`, a statistics-only pass of the layer's MLP over the
+        same post-attention states in which the MoE runs that group's experts alone (model/moe.py), so every
+        expert's sums are the ones a single pass would have made (batch-invariant rows, the same chunks)."""
         cfg = reader.layout.text
         if not cfg.is_moe_layer(layer):
             return
+        n = cfg.n_routed_experts
         widths = {GATE_UP: cfg.hidden_size, DOWN: cfg.moe_intermediate_size}
-        self._observer.combine_ranks(ctx, widths, cfg.n_routed_experts)
+        solved = _LayerSolve()
+        clock = _Clock(self._device)
+        for lo in range(0, n, self.group_experts):
+            if lo:
+                if rerun is None:
+                    raise RuntimeError("calibrate --method with expert groups needs the layer's rerun pass")
+                self._observer.start_group(lo, min(n, lo + self.group_experts), first=False)
+                rerun(self._observer)
+                clock.mark("rerun")
+            self._observer.combine_ranks(ctx, widths, n)
+            if ctx.is_main:
+                if self.keep_stats_dir is not None:
+                    write_layer_stats(self.keep_stats_dir, layer, self._observer)
+                tensors, counts = layer_stats_tensors(layer, self._observer, device=None, consume=True)
+                clock.mark("statistics")
+                self._solve(layer, InMemoryLayerStats(layer, tensors), range(lo, lo + self.group_experts), solved)
+                clock.mark("solve")
+                solved.add_counts(counts)
+                del tensors
         if ctx.is_main:
-            if self.keep_stats_dir is not None:
-                write_layer_stats(self.keep_stats_dir, layer, self._observer)
-            tensors, counts = layer_stats_tensors(layer, self._observer, device=None)
-            self._observer.start_layer(layer)  # the sums are no longer needed: free them before the solve
-            self._solve(layer, InMemoryLayerStats(layer, tensors))
-            self.counts.append(counts)
+            self._write_layer(layer, solved)
+            clock.mark("write")
+            self.counts.append(solved.counts)
+            self.seconds.append(clock.seconds)
+            log.info("calibrate --method %s: layer %d, %d expert group(s): %s", self.method, layer,
+                     -(-n // self.group_experts), ", ".join(f"{k} {v:.1f} s" for k, v in clock.seconds.items()))
         self._observer.start_layer(layer)
 
     def advance_observer(self, weights: Any) -> None:
@@ -99,37 +136,72 @@ class FusedMethodHook:
         pass
 
     # --- the solve -------------------------------------------------------------------------------------------------
-    def _solve(self, layer: int, stats: InMemoryLayerStats) -> None:
+    def _solve(self, layer: int, stats: InMemoryLayerStats, experts_in: range, solved: "_LayerSolve") -> None:
         from ..numerics.methods import requantize_experts
         from ..requantize.shard import expert_inputs_in, expert_matrices, expert_tensors
 
         items = sorted({item for file in self.out_reader.shard_files
-                        for item in expert_inputs_in(self.out_reader, file) if item.layer == layer})
+                        for item in expert_inputs_in(self.out_reader, file)
+                        if item.layer == layer and item.expert in experts_in})
         device = self._device
-        out: dict[str, torch.Tensor] = {}
-        sources: dict[str, int] = {}
-        kept = 0
         for start in range(0, len(items), self.batch_experts):
             batch = items[start : start + self.batch_experts]
             experts = [expert_matrices(self.source, item, device, stats) for item in batch]
             summary = requantize_experts(self.method, experts, batch_experts=self.batch_experts,
                                          options=self.method_options)
             for item, refined in zip(batch, summary.experts, strict=True):
-                sources[refined.source.value] = sources.get(refined.source.value, 0) + 1
-                kept += sum(refined.kept_search)
-                out.update(expert_tensors(self.out_reader, item, refined.tensors))
-        outcome = {"experts": len(items), "sources": dict(sorted(sources.items())), "matrices_kept_search": kept}
+                solved.sources[refined.source.value] = solved.sources.get(refined.source.value, 0) + 1
+                solved.kept += sum(refined.kept_search)
+                solved.tensors.update(expert_tensors(self.out_reader, item, refined.tensors))
+            solved.items += len(batch)
+
+    def _write_layer(self, layer: int, solved: "_LayerSolve") -> None:
+        outcome = {"experts": solved.items, "sources": dict(sorted(solved.sources.items())),
+                   "matrices_kept_search": solved.kept}
         writer = ShardWriter(self.directory / layer_stats_name(layer),
                              metadata={"layer": str(layer), _OUTCOME_KEY: json.dumps(outcome)})
-        for name, tensor in out.items():
+        for name, tensor in solved.tensors.items():
             writer.add(name, tensor)
         self.directory.mkdir(parents=True, exist_ok=True)
         written = writer.commit()
         self.files[written.file] = written.sha256
 
     def record(self) -> dict[str, Any]:
-        return {"method": self.method, "batch_experts": self.batch_experts, "statistics_on_disk":
+        return {"method": self.method, "batch_experts": self.batch_experts, "group_experts": self.group_experts,
+                "seconds_per_layer": self.seconds, "statistics_on_disk":
                 self.keep_stats_dir is not None, "layers": len(self.files)}
+
+
+class _Clock:
+    """Seconds per phase of one layer's solve (the device synchronized at each mark, so GPU work is counted)."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.seconds, self._t = device, {}, time.perf_counter()
+
+    def mark(self, phase: str) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        self.seconds[phase] = round(self.seconds.get(phase, 0.0) + now - self._t, 3)
+        self._t = now
+
+
+class _LayerSolve:
+    """One layer's solved expert tensors and outcome, gathered over its expert groups."""
+
+    def __init__(self):
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.sources: dict[str, int] = {}
+        self.kept = 0
+        self.items = 0
+        self.counts: LayerStatsCounts | None = None
+
+    def add_counts(self, counts: LayerStatsCounts) -> None:
+        if self.counts is None:
+            self.counts = counts
+            return
+        for key in ("dense", "diagonal_fallback", "below_diagonal_min", "without_tokens"):
+            setattr(self.counts, key, getattr(self.counts, key) + getattr(counts, key))
 
 
 def require_not_requantized(output: Path) -> None:

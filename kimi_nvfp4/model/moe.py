@@ -45,6 +45,14 @@ def observer_needs_outputs(observer: Observer | None) -> bool:
     return observer is not None and getattr(observer, "needs_outputs", True)
 
 
+def statistics_expert_range(observer: Observer | None, need_output: bool) -> tuple[int, int] | None:
+    """The routed experts [lo, hi) a statistics-only pass must run, when its observer wants no more (calibrate's
+    expert groups, calibrate/expert_stats.py: `experts_only`); None: every expert and the shared one."""
+    if need_output or observer is None or not getattr(observer, "experts_only", False):
+        return None
+    return observer.expert_range
+
+
 def swiglu_mlp(
     w: MLPWeights, x: torch.Tensor | None, *, layer: int, observer: Observer | None = None,
     expert: int | None = None, routed: bool = True, xq: torch.Tensor | None = None, need_output: bool = True,
@@ -148,7 +156,7 @@ def moe(
                        need_output=False)
 
     shared = None
-    if w.shared_experts is not None:
+    if w.shared_experts is not None and statistics_expert_range(observer, need_output) is None:
         shared = swiglu_mlp(w.shared_experts, x, layer=layer, observer=observer, need_output=need_output)
     if out is None:
         return None
@@ -168,12 +176,15 @@ def _routed_loop(
     order = torch.argsort(flat, stable=True)  # (token, slot) pairs grouped by expert
     counts = torch.bincount(flat, minlength=len(w.experts)).tolist()  # one host sync per chunk
     out = torch.zeros(T, hidden, dtype=torch.float32, device=x.device) if need_output else None
+    wanted = statistics_expert_range(observer, need_output)
     start = 0
     for e, count in enumerate(counts):
         if count == 0:
             continue
         pairs = order[start : start + count]
         start += count
+        if wanted is not None and not wanted[0] <= e < wanted[1]:
+            continue
         tokens, slots = pairs // k, pairs % k  # a token meets an expert at most once: `tokens` is unique
         rows = x[tokens] if xq is None or observer is not None else None
         y = swiglu_mlp(
@@ -199,6 +210,11 @@ def _routed_sorted(
     flat = ids.reshape(-1)
     order = torch.argsort(flat, stable=True)
     counts = torch.bincount(flat, minlength=len(w.experts)).tolist()  # one host sync per chunk
+    wanted = statistics_expert_range(observer, need_output)
+    if wanted is not None:  # one expert group's pass: its experts' pairs are one run of the sorted order
+        lo, hi = wanted
+        order = order[sum(counts[:lo]) : sum(counts[:hi])]
+        counts = [c if lo <= e < hi else 0 for e, c in enumerate(counts)]
     tokens = order // k
     rows = x[tokens] if xq is None or observer is not None else None
     rows_q = xq[tokens] if xq is not None else rows

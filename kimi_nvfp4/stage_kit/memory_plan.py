@@ -224,13 +224,17 @@ def estimate(cfg: K2Config, *, stage: Stage, device: torch.device, dtype: torch.
 def plan_memory(cfg: K2Config, *, stage: Stage, device: torch.device, dtype: torch.dtype, tokens: int, seq_len: int,
                 streams: int, sources: int, gpu_memory: int | None = None, host_memory: int | None = None,
                 chunk_tokens: int | None = None, states_device: str | None = None, default_chunk_tokens: int,
-                baseline: bool = False) -> MemoryPlan:
+                baseline: bool = False, reserve_bytes: int = 0) -> MemoryPlan:
     """The plan for a model stage over `tokens` tokens (this rank's) in `streams` hidden-state streams, reading
     `sources` checkpoints per layer. `chunk_tokens` / `states_device`: the user's explicit settings (kept, or
-    refused with what would fit). Raises ResourceError when nothing fits."""
+    refused with what would fit). `reserve_bytes`: left free on the compute device (GPU, else host) for what the
+    stage adds beside its layer loop (calibrate --method's statistics, stage_kit/expert_solve_plan.py).
+    Raises ResourceError when nothing fits."""
     on_gpu = device.type == "cuda"
     gpu_cap = gpu_budget(device, gpu_memory) if on_gpu else None
     host_cap = host_budget(host_memory)
+    gpu_fit = None if gpu_cap is None else gpu_cap - reserve_bytes
+    host_fit = host_cap - (0 if on_gpu else reserve_bytes)
     tried = []
     for on_device, chunk, prefetch, materialize in _candidates(device, sources, chunk_tokens, states_device,
                                                                 default_chunk_tokens):
@@ -238,7 +242,7 @@ def plan_memory(cfg: K2Config, *, stage: Stage, device: torch.device, dtype: tor
                                    streams=streams, sources=sources, states_on_device=on_device, chunk_tokens=chunk,
                                    materialize=materialize, prefetch=prefetch, baseline=baseline)
         tried.append((on_device, chunk, gpu, host))
-        if host <= host_cap and (gpu is None or gpu <= gpu_cap):
+        if host <= host_fit and (gpu is None or gpu <= gpu_fit):
             return MemoryPlan(
                 stage=stage, device=str(device), dtype=str(dtype).removeprefix("torch."), tokens=tokens,
                 seq_len=seq_len, streams=streams, states_device=str(device) if on_device else "cpu",
@@ -379,12 +383,13 @@ def default_chunk_tokens(device: torch.device) -> int:
 
 
 def plan_stage(cfg: K2Config, opts, *, stage: Stage, device: torch.device, dtype: torch.dtype, tokens: int,
-               streams: int, sources: int, baseline: bool = False) -> MemoryPlan:
+               streams: int, sources: int, baseline: bool = False, reserve_bytes: int = 0) -> MemoryPlan:
     """The plan for a stage's options model (`gpu_memory`, `max_chunk_tokens`, `states_device`, `seq_len`)."""
     return plan_memory(cfg, stage=stage, device=device, dtype=dtype, tokens=tokens, seq_len=opts.seq_len,
                        streams=streams, sources=sources, gpu_memory=opts.gpu_memory,
                        chunk_tokens=opts.max_chunk_tokens, states_device=opts.states_device,
-                       default_chunk_tokens=default_chunk_tokens(device), baseline=baseline)
+                       default_chunk_tokens=default_chunk_tokens(device), baseline=baseline,
+                       reserve_bytes=reserve_bytes)
 
 
 def planning_device(name: str) -> torch.device:

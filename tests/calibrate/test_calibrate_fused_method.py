@@ -25,7 +25,8 @@ from kimi_nvfp4.demo_model import DEMO_CHECKPOINT
 from kimi_nvfp4.errors import CheckpointError, ResourceError
 from kimi_nvfp4.model import weights as model_weights
 from kimi_nvfp4.requantize import requantize_checkpoint
-from kimi_nvfp4.stage_kit.expert_solve_plan import hessian_bytes, plan_expert_solve, solve_bytes_per_expert
+from kimi_nvfp4.stage_kit.expert_solve_plan import hessian_bytes, method_reserve_bytes, plan_expert_solve, \
+    solve_bytes_per_expert
 from kimi_nvfp4.stage_kit.memory_plan import plan_memory
 
 DEMO = dict(samples=4, seq_len=128, device="cpu", progress=False)
@@ -133,16 +134,61 @@ def _k26() -> K2Config:
 
 def test_the_expert_batch_is_planned_from_the_memory_left():
     cfg = _k26()
-    assert hessian_bytes(cfg, torch.device("cuda")) == 384 * (7168**2 + 2048**2) * 8  # float32 sums + their view
+    assert hessian_bytes(cfg, torch.device("cuda")) == 384 * (7168**2 + 2048**2) * 4  # float32 sums, consumed
     plan = plan_memory(cfg, stage="calibrate", device=torch.device("cuda"), dtype=torch.bfloat16, tokens=65536,
                        seq_len=2048, streams=1, sources=1, gpu_memory=400 * 2**30, host_memory=900 * 2**30,
                        default_chunk_tokens=65536)
     solve = plan_expert_solve(cfg, plan, torch.device("cuda"))
-    left = plan.gpu_budget_bytes - plan.estimated_peak_gpu_bytes - solve.hessian_bytes
+    assert solve.group_experts == 384 and solve.groups == 1  # 400 GiB: the layer's statistics fit at once
+    left = plan.gpu_budget_bytes - plan.estimated_peak_gpu_bytes + plan.components["chunk_work"] - solve.hessian_bytes
     assert solve.batch_experts == min(384, left // solve_bytes_per_expert(cfg)) and 1 <= solve.batch_experts < 384
     assert plan.components["expert_hessians"] == solve.hessian_bytes
     bigger = plan.model_copy(update={"gpu_budget_bytes": plan.gpu_budget_bytes + 50 * 2**30})
     assert plan_expert_solve(cfg, bigger, torch.device("cuda")).batch_experts > solve.batch_experts
-    small = plan.model_copy(update={"gpu_budget_bytes": plan.estimated_peak_gpu_bytes + solve.hessian_bytes})
+    one = hessian_bytes(cfg, torch.device("cuda"), experts=1)
+    small = plan.model_copy(update={"gpu_budget_bytes": plan.estimated_peak_gpu_bytes + one,
+                                    "components": {**plan.components, "chunk_work": 0}})
     with pytest.raises(ResourceError, match="do not fit"):
         plan_expert_solve(cfg, small, torch.device("cuda"))
+
+
+@pytest.mark.parametrize("gpu_gib", [139, 80])
+def test_k26_at_the_defaults_is_planned_in_expert_groups_on_one_gpu(gpu_gib):
+    """K2.6's 85 GB of statistics per MoE layer do not fit beside calibrate on an H200 or an 80 GB GPU at 512 x 2048:
+    the plan takes the experts in groups instead of refusing (the issue: never an OOM or a refusal at the defaults)."""
+    cfg = _k26()
+    plan = plan_memory(cfg, stage="calibrate", device=torch.device("cuda"), dtype=torch.bfloat16,
+                       tokens=512 * 2048, seq_len=2048, streams=1, sources=1, gpu_memory=gpu_gib * 2**30,
+                       host_memory=1800 * 2**30, default_chunk_tokens=65536,
+                       reserve_bytes=method_reserve_bytes(cfg, torch.device("cuda")))
+    solve = plan_expert_solve(cfg, plan, torch.device("cuda"))
+    assert 1 < solve.groups and solve.group_experts * solve.groups >= 384 > solve.group_experts * (solve.groups - 1)
+    assert plan.estimated_peak_gpu_bytes + solve.hessian_bytes <= plan.gpu_budget_bytes  # a group's rerun pass
+    between_passes = plan.estimated_peak_gpu_bytes - plan.components["chunk_work"]  # the solve: chunks freed
+    assert between_passes + solve.hessian_bytes + solve.batch_experts * solve.solve_bytes_per_expert \
+        <= plan.gpu_budget_bytes
+    assert 1 <= solve.batch_experts <= solve.group_experts
+
+
+def test_expert_groups_give_the_bytes_of_one_pass(demo_converted, tmp_path, monkeypatch, stage_device):
+    """Statistics taken a group of experts at a time (each later group from a statistics-only rerun of the MoE over
+    the same post-attention states) solve to the same shards as one pass: 16 demo experts in groups of 5."""
+    import kimi_nvfp4.calibrate.memory as calibrate_memory
+
+    one, grouped = tmp_path / "one", tmp_path / "grouped"
+    shutil.copytree(demo_converted, one)
+    shutil.copytree(demo_converted, grouped)
+    options = {**DEMO, "device": stage_device}
+    calibrate_checkpoint(one, DEMO_CHECKPOINT, "sample", method="gptq", **options)
+    planned = []
+
+    def in_groups_of_five(*args, **kwargs):
+        solve = plan_expert_solve(*args, **kwargs)
+        planned.append(solve.model_copy(update={"group_experts": 5, "groups": 4}))
+        return planned[-1]
+
+    monkeypatch.setattr(calibrate_memory, "plan_expert_solve", in_groups_of_five)
+    calibrate_checkpoint(grouped, DEMO_CHECKPOINT, "sample", method="gptq", **options)
+    assert planned and _shards(grouped) == _shards(one)
+    record = load_manifest(grouped).stages["calibrate"].outputs["fused_method"]
+    assert record["group_experts"] == 5

@@ -99,3 +99,20 @@ def test_hessian_shrinkage_tracks_the_sampling_noise_of_the_off_diagonal():
         ExpertInputStats(1200, stats.channel_energy, stats.hessian, stats.mean_norm_fourth, stats.mean_fourth_power)
         .hessian_shrinkage()
     )
+
+
+@pytest.mark.gpu
+def test_bf16_rows_on_a_gpu_sum_their_outer_products_on_tensor_cores_in_float32():
+    """16-bit rows with float32 sums on a GPU take the tensor-core X^T X (float32 accumulation and output): equal to
+    the float64 reference to float32 accuracy, and not the bf16-rounded product a plain bf16 matmul would give."""
+    g = torch.Generator().manual_seed(0)
+    rows = (torch.randn(3000, 256, generator=g) * torch.linspace(0.1, 4.0, 256)).to(torch.bfloat16)
+    acc = InputStatsAccumulator(256, dense=True, device="cuda", dtype=torch.float32)
+    for part in rows.split(700):
+        acc.add(part.cuda())
+    want = rows.double().t() @ rows.double()
+    got = acc.sum_outer.double().cpu()
+    assert acc.sum_outer.dtype == torch.float32
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-3 * float(want.diagonal().max()) * 1e-3)
+    rounded = (rows.cuda().t() @ rows.cuda()).double().cpu()  # bf16 output: ~3 significant digits
+    assert (got - want).abs().max() < (rounded - want).abs().max() / 10
