@@ -246,6 +246,9 @@ def finalize(output: Path, directory: Path, files: dict[str, str], method: str,
     conversion = conversion_sha256(manifest.settings, manifest.source.fingerprint)
     record = RequantizeRecord(method=method, statistics_mode=STATISTICS_MODE)
     settings = {"method": method, "recalibrate": False, "method_options": method_options, "fused": True}
+    # recorded before the first shard is rewritten: a kill after a rename but before that shard's record must not
+    # leave a folder `require_not_requantized` takes for convert's (a rerun would observe requantized experts)
+    _save_progress(output, manifest, record, settings, complete=False)
     for file in [f for f in reader.shard_files if expert_inputs_in(reader, f)]:
         layers = sorted({item.layer for item in expert_inputs_in(reader, file)})
         used = {f"calibration/{FUSED_DIR}/{layer_stats_name(layer)}": files[layer_stats_name(layer)]
