@@ -2,7 +2,8 @@
 
 Memory: one layer's weights (experts kept compressed, dequantized one expert at a time) plus every
 sequence's hidden states `[seq_len, hidden]` -- on the compute device, or on `states_device` (e.g.
-"cpu" while computing on "cuda") when they do not fit. Token-wise work (MLP/MoE, lm_head) runs on
+"cpu" while computing on "cuda") when they do not fit; host states are kept pinned and copied on copy streams
+beside the compute (host_states.py). Token-wise work (MLP/MoE, lm_head) runs on
 chunks of at most `max_chunk_tokens` tokens; attention runs per sequence with its score matrix
 blocked to `attention.ATTENTION_SCORE_BUDGET`.
 
@@ -23,6 +24,7 @@ from tqdm.auto import tqdm
 
 from .attention import rms_norm
 from .decoder import attention_block, mlp_block
+from .host_states import HostTransfers
 from .batch_invariant import linear_rows
 from .layer_weights import LayerWeights
 from .observer import Observer
@@ -156,6 +158,7 @@ class LayerStreamRunner:
         self._load_stream: torch.cuda.Stream | None = None
         self._pending: tuple[int, Future] | None = None
         self._head: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._host: HostTransfers | None = None  # copy streams, made at the first transfer of host states
 
     @property
     def num_layers(self) -> int:
@@ -183,6 +186,7 @@ class LayerStreamRunner:
             return t.to(self.states_device)
         host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
         host.copy_(t)  # synchronous: the CPU may read the states (snapshots) as soon as this returns
+        # (attend and feed_forward copy host states on their own streams instead: host_states.py)
         return host
 
     def _load(self, i: int) -> LayerWeights:
@@ -247,6 +251,12 @@ class LayerStreamRunner:
         (`states` is left as it was)."""
         if w.index != i:
             raise ValueError(f"weights of layer {w.index} passed for layer {i}")
+        if self.states_on_host:  # uploads and downloads beside the compute (host_states.py)
+            copies = self._host_transfers()
+            out = [copies.download_new(attention_block(self.config, self.rope, w, x, observer=observer)[0])
+                   for x in copies.uploads([x] for x in states.sequences)]
+            copies.finish()  # the CPU may read the states (snapshots) as soon as this returns
+            return HiddenStates(out)
         out = []
         for x in states.sequences:
             h, _ = attention_block(self.config, self.rope, w, x.to(self.device, non_blocking=True), observer=observer)
@@ -262,6 +272,8 @@ class LayerStreamRunner:
         only the output needs is skipped (moe.py); returns None.
         """
         self._auto_materialize(w, states.num_tokens)
+        if self.states_on_host:
+            return self._feed_forward_host(states, w, observer, output)
         for chunk in token_chunks(states.lengths, self.max_chunk_tokens):
             x = torch.cat([states.sequences[si][a:b].to(self.device, non_blocking=True) for si, a, b in chunk])
             y = mlp_block(self.config, w, x, observer=observer, need_output=output)
@@ -272,6 +284,33 @@ class LayerStreamRunner:
                 states.sequences[si][a:b] = y[offset : offset + b - a]
                 offset += b - a
         return states if output else None
+
+    def _feed_forward_host(self, states: HiddenStates, w: LayerWeights, observer: Observer | None,
+                           output: bool) -> HiddenStates | None:
+        """`feed_forward` with host-resident states: chunk i+1 uploads and chunk i-1 downloads while chunk i
+        computes (host_states.py); the same chunks and kernels, so the same results."""
+        copies = self._host_transfers()
+        chunks = list(token_chunks(states.lengths, self.max_chunk_tokens))
+        pieces = ([states.sequences[si][a:b] for si, a, b in chunk] for chunk in chunks)
+        for i, x in enumerate(copies.uploads(pieces)):
+            chunk = chunks[i]
+            y = mlp_block(self.config, w, x, observer=observer, need_output=output)
+            del x
+            if not output:
+                continue
+            pairs, offset = [], 0
+            for si, a, b in chunk:
+                pairs.append((y[offset : offset + b - a], states.sequences[si][a:b]))
+                offset += b - a
+            copies.download(pairs)
+            del y, pairs
+        copies.finish()  # every chunk is back in `states` before the CPU may read them
+        return states if output else None
+
+    def _host_transfers(self) -> HostTransfers:
+        if self._host is None:
+            self._host = HostTransfers(self.device)
+        return self._host
 
     def apply_layer(self, i: int, states: HiddenStates, observer: Observer | None = None) -> HiddenStates:
         """Load layer i (or take the prefetched one), run every sequence through it, free it."""

@@ -37,6 +37,8 @@ from ..errors import ResourceError
 from ..stage_options import Cli
 # Bytes per (token x hidden) value of one MLP/MoE chunk and per routed (token, expert) pair (model/runner.py).
 from ..model.runner import CHUNK_BYTES_PER_VALUE, SORTED_BUFFERS_PER_PAIR
+# Chunk-input-sized GPU buffers that host-resident states add (the transfers overlapped with compute: host_states.py).
+from ..model.host_states import HOST_TRANSFER_CHUNK_BUFFERS
 
 GIB = 2**30
 # Kept free besides the plan: the CUDA context's later allocations (cuBLAS workspaces, Triton), the caching
@@ -206,8 +208,11 @@ def estimate(cfg: K2Config, *, stage: Stage, device: torch.device, dtype: torch.
     logits = sources * size.lm_head + LOGITS_VALUES_PER_POSITION * min(seq_len, tokens) * cfg.vocab_size * 4
     comp["logits_work"] = logits if stage == "validate" else 0
     states_gpu = comp["hidden_states"] if states_on_device else 2 * seq_len * cfg.hidden_size * size.dtype_bytes * 2
+    # host states: the next chunk uploading, the previous one still computing and its output downloading
+    comp["host_transfer_buffers"] = 0 if states_on_device or not on_gpu \
+        else HOST_TRANSFER_CHUNK_BUFFERS * chunk * cfg.hidden_size * size.dtype_bytes
     layer_phase = states_gpu + comp["layers_stored"] + comp["next_layers_prefetched"] + comp["layers_dequantized"] \
-        + comp["chunk_work"] + comp["baseline_experts"]
+        + comp["chunk_work"] + comp["baseline_experts"] + comp["host_transfer_buffers"]
     logits_phase = states_gpu + comp["logits_work"]
     embed = cfg.vocab_size * cfg.hidden_size * 2  # the embedding table stays on the host (bf16)
     host_states = 0 if states_on_device else comp["hidden_states"]
