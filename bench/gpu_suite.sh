@@ -18,6 +18,8 @@
 #   calibrate-k26        calibrate with K2.6's 384 experts, 64 x 2048 tokens
 #   memory-plan          the memory planner against the measured peak
 #   batch-invariance     batch invariance's cost on one K2.6 layer
+#   rehearsal            synth -> convert -> calibrate -> validate at K2.6's full depth (61 layers, 8 experts), CLI
+#                        defaults (\$REHEARSAL_ARGS adds options, e.g. --calibrate-args "--samples 64")
 set -u
 part=$1; out=${2:-/tmp/gpu_suite}; mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -146,6 +148,13 @@ case $part in
     # What batch invariance costs on one K2.6-shaped MoE layer (384 experts, 65536 tokens), and whether it holds.
     step batch_invariance 400 python3 -m bench.quality.batch_invariance --device cuda --experts 384 --tokens 65536 \
       --seq-len 2048 --json "$out/batch_invariance.json"
+    ;;
+  rehearsal)
+    # Full depth through the CLI (issue 25): the source in /dev/shm (the disk cannot hold source and output), OUT on
+    # the disk; per-layer seconds and peak GPU / host memory from the stage reports, polled peaks, the disk's rate.
+    # --total-timeout keeps the run inside the step's timeout, so the result file records where it stopped.
+    step rehearsal 560 python3 -m bench.profile.rehearsal --source-dir /dev/shm/k26_src --work-dir /tmp/rehearsal --layers 61 \
+      --experts 8 --device cuda --synth-device cuda --total-timeout 540 --json "$out/rehearsal.json" ${REHEARSAL_ARGS:-}
     ;;
   *)
     echo "unknown part: $part (see the list at the top of bench/gpu_suite.sh)" >&2; exit 2

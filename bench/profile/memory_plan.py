@@ -34,6 +34,7 @@ from kimi_nvfp4.validate import DEFAULT_GATES
 from kimi_nvfp4.validate.api import compare_streams
 from kimi_nvfp4.validate.baseline import baseline_enabled
 from kimi_nvfp4.validate.options import ValidateOptions
+from kimi_nvfp4.stage_kit.layer_memory import peak_allocated, peak_reserved, reset_peak
 
 # (stage, samples, cap): the defaults first, then the smaller sizes, then the caps
 CASES = [("calibrate", 512, None), ("validate", 512, None), ("calibrate", 96, None), ("validate", 96, None),
@@ -61,7 +62,7 @@ def run_case(src: Path, out: Path, stage: str, samples: int, cap: str | None, se
         plan = plan_stage(cfg, opts, stage="validate", device=dev, dtype=torch.bfloat16, tokens=tokens,
                           streams=1 + len(opts.modes) + int(baseline), sources=2, baseline=baseline)
     apply_gpu_cap(dev, opts.gpu_memory)
-    torch.cuda.reset_peak_memory_stats(dev)
+    reset_peak(dev)
     row = {"stage": stage, "samples": samples, "seq_len": seq_len, "cap": cap, "plan": plan.model_dump()}
     start = time.perf_counter()
     try:
@@ -87,8 +88,8 @@ def run_case(src: Path, out: Path, stage: str, samples: int, cap: str | None, se
         row["out_of_memory"], layer_seconds = str(e).splitlines()[0], []
     row["seconds"] = time.perf_counter() - start
     row["moe_layer_seconds"] = [s for i, s in enumerate(layer_seconds) if cfg.is_moe_layer(i)]
-    row["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(dev)
-    row["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(dev)
+    row["peak_allocated_bytes"] = peak_allocated(dev)
+    row["peak_reserved_bytes"] = peak_reserved(dev)
     row["measured_over_estimate"] = row["peak_reserved_bytes"] / plan.estimated_peak_gpu_bytes
     torch.cuda.set_per_process_memory_fraction(1.0, 0)
     return row

@@ -40,6 +40,7 @@ from kimi_nvfp4.calibrate.api import run_calibration
 from kimi_nvfp4.stage_kit.device import resolve_device
 from kimi_nvfp4.checkpoint.reader import CheckpointReader
 from kimi_nvfp4.convert.api import convert_checkpoint
+from kimi_nvfp4.stage_kit.layer_memory import peak_allocated, reset_peak
 
 from bench.harness.k26_checkpoint import (
     H200_BF16_MEASURED_TFLOPS,
@@ -174,7 +175,7 @@ def main() -> None:
     seqs = sequences(reader, out, args.samples, args.seq_len, args.data, args.seed)
     tokens = sum(int(s.numel()) for s in seqs)
     if dev.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(dev)
+        reset_peak(dev)
     t = time.perf_counter()
     run = run_calibration(
         reader,
@@ -228,7 +229,7 @@ def main() -> None:
             tokens * moe_layer_flops_per_token(cfg, args.seq_len) * 2 / per_moe / 1e12 / H200_BF16_MEASURED_TFLOPS
             if per_moe and dev.type == "cuda" else None
         ),
-        "peak_gpu_memory_gib": torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None,
+        "peak_gpu_memory_gib": peak_allocated(dev) / 2**30 if dev.type == "cuda" else None,
         "bf16_peak_tflops": H200_BF16_MEASURED_TFLOPS if dev.type == "cuda" else None,
         "projection_from": f"{len(run.layer_seconds)} synthetic layers x {len(seqs)} sequences x {args.seq_len} tokens",
         "label": args.label,

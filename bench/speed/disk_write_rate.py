@@ -26,6 +26,27 @@ def _write(path: Path, chunks: int, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
+def write_rate(folder: Path, nbytes: int, writers: int, data: bytes | None = None) -> dict:
+    """Write `nbytes` (rounded down to whole 64 MiB chunks per writer, at least one) into `folder` with `writers`
+    threads, each to its own file, fsync each, remove them; the row: writers, bytes, seconds, gb_per_s."""
+    data = os.urandom(CHUNK) if data is None else data
+    per_writer = max(1, nbytes // CHUNK // writers)
+    paths = [Path(folder) / f".disk_write_rate.{i}" for i in range(writers)]
+    threads = [threading.Thread(target=_write, args=(p, per_writer, data)) for p in paths]
+    start = time.perf_counter()
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        seconds = time.perf_counter() - start
+        for p in paths:
+            p.unlink(missing_ok=True)
+    written = per_writer * writers * CHUNK
+    return {"writers": writers, "bytes": written, "seconds": seconds, "gb_per_s": written / 1e9 / seconds}
+
+
 def main() -> None:
     ap = bench_parser(__doc__)
     ap.add_argument("folder", type=Path)
@@ -33,24 +54,13 @@ def main() -> None:
     ap.add_argument("--writers", type=int, nargs="+", default=[1, 4, 8])
     args = ap.parse_args()
     data = os.urandom(CHUNK)
-    total_chunks = args.gib * (1 << 30) // CHUNK
     rows = []
     for writers in args.writers:
-        paths = [args.folder / f".disk_write_rate.{i}" for i in range(writers)]
-        threads = [threading.Thread(target=_write, args=(p, total_chunks // writers, data)) for p in paths]
-        start = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        seconds = time.perf_counter() - start
-        written = (total_chunks // writers) * writers * CHUNK
-        print(f"{writers} writers: {written / 1e9:.2f} GB in {seconds:.2f} s = {written / 1e9 / seconds:.2f} GB/s (fsync)")
-        rows.append({"writers": writers, "bytes": written, "seconds": seconds, "gb_per_s": written / 1e9 / seconds})
-        for p in paths:
-            p.unlink(missing_ok=True)
+        row = write_rate(args.folder, args.gib * (1 << 30), writers, data)
+        print(f"{writers} writers: {row['bytes'] / 1e9:.2f} GB in {row['seconds']:.2f} s = {row['gb_per_s']:.2f} GB/s "
+              "(fsync)")
+        rows.append(row)
     write_result(args.json, {"folder": str(args.folder), "gib": args.gib, "fsync": True, "rows": rows}, device="cpu")
-
 
 if __name__ == "__main__":
     main()

@@ -32,6 +32,7 @@ from kimi_nvfp4.validate.api import compare_streams
 from kimi_nvfp4.validate.experts import DEFAULT_EXPERT_CHECK_TOKENS
 from kimi_nvfp4.validate.baseline import baseline_enabled
 from kimi_nvfp4.validate.structure import check_structure
+from kimi_nvfp4.stage_kit.layer_memory import peak_allocated, reset_peak
 
 K26_LAYERS = 61
 K26_DENSE_LAYERS = 1
@@ -94,7 +95,7 @@ def main() -> None:
     tokens = sum(int(s.numel()) for s in seqs)
     modes = [ActivationMode(m) for m in args.modes.split(",")]
     if dev.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(dev)
+        reset_peak(dev)
     baseline = baseline_enabled(args.baseline, tokens)
     streams = 1 + len(modes) + int(baseline)
     t = time.perf_counter()
@@ -150,7 +151,7 @@ def main() -> None:
         "projected_k26_61_layers_512_sessions_minutes": (projected - structure_seconds * K26_CHECKPOINT_BYTES / checkpoint_bytes)
         / 60 * 512 / len(seqs) + structure_seconds * K26_CHECKPOINT_BYTES / checkpoint_bytes / 60,
         "end_to_end": [e.model_dump(exclude={"kl_histogram_edges", "kl_histogram_counts"}) for e in result.end_to_end],
-        "peak_gpu_memory_gib": torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None,
+        "peak_gpu_memory_gib": peak_allocated(dev) / 2**30 if dev.type == "cuda" else None,
         # model FLOPs of the streams (INT4, one per mode, the baseline if on; the per-expert check not counted)
         "moe_layer_model_tflops_per_s": (
             tokens * moe_layer_flops_per_token(cfg, args.seq_len) * streams / per_moe / 1e12

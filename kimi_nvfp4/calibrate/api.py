@@ -17,6 +17,7 @@ Memory: one layer's weights (dequantized once if `materialize` decides so) plus 
 from __future__ import annotations
 
 import time
+from functools import partial
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -25,7 +26,6 @@ import torch
 
 from ..checkpoint.output_lock import holds_output_lock
 from ..checkpoint.reader import CheckpointReader
-from ..checkpoint.writer import ShardWriter
 from ..distributed import RankContext, rank_context
 from ..stage_kit.progress import job_tokens, layer_progress
 from ..model import LayerStreamRunner, NVFP4Weights
@@ -60,14 +60,15 @@ from .shard import (
     install_input_scales,
     require_no_misplaced_input_scales,
 )
-from .stats import ActivationCollector
+from .stats import ActivationCollector, save_activation_stats
 from .resume import calibration_fingerprint, restore_calibration, save_calibration
 from ..stage_kit.resume import ResumeStore, Snapshot
 from .kv_cache import FP8_KV_CACHE_ALGO, KVCacheRanges, declared_kv_cache_algo, kv_cache_scales, with_kv_cache
-from .expert_stats import ExpertStatsMode, expert_stats_mode_for
+from .expert_stats import ExpertStatsMode
 from .expert_stats_file import EXPERT_STATS_DIR
 from .expert_stats_hook import EXPERT_STATS_RECORD, ExpertStatsHook
 from .fused_method import FUSED_RECORD, FusedMethodHook, finalize, require_not_requantized
+from ..stage_kit.layer_memory import LayerMemory
 
 # Reports and per-layer statistics go here, inside the output folder.
 CALIBRATION_DIR = "calibration"
@@ -145,24 +146,6 @@ def _layer_scales(
     return scales, entry
 
 
-def _save_activation_stats(
-    directory: Path, reader: CheckpointReader, layer: int, collector: ActivationCollector
-) -> None:
-    """Per quantized linear: input amax, per-channel mean square, token count (for later methods)."""
-    prefix = reader.layout.layer_prefix(layer)
-    wanted = set(quantized_modules(reader, layer))
-    writer = ShardWriter(directory / f"layer_{layer:03d}.safetensors", metadata={"layer": str(layer)})
-    for (module, _expert), stats in sorted(collector.routed.items(), key=lambda kv: kv[0][0]):
-        if module not in wanted:
-            continue
-        writer.add(f"{prefix}{module}.input_amax", stats.amax.detach().cpu().reshape(()))
-        writer.add(f"{prefix}{module}.input_mean_square", stats.mean_square())
-        writer.add(f"{prefix}{module}.tokens", torch.tensor(stats.tokens, dtype=torch.int64))
-    if len(writer):
-        directory.mkdir(parents=True, exist_ok=True)
-        writer.commit()
-
-
 @dataclass
 class CalibrationRun:
     """What the layer loop produced: the scales, the per-layer report entries, seconds per layer,
@@ -177,6 +160,7 @@ class CalibrationRun:
     max_chunk_tokens: int | None = None
     materialized_layers: list[int] = field(default_factory=list)
     kv_ranges: KVCacheRanges | None = None  # what the MLA cache held per layer (when asked for)
+    memory: LayerMemory = field(default_factory=LayerMemory)  # per layer, peak GPU / host memory
 
 
 def _outside_mlp(modules: list[str]) -> bool:
@@ -249,8 +233,8 @@ def run_calibration(
     tokens = job_tokens(ctx, sum(int(s.numel()) for s in sequences))
     for layer in layer_progress(order[done:], tokens_per_layer=tokens, desc="calibrate: layers", enabled=progress,
                                 done=done):
-        t0 = time.perf_counter()
-        clock = PhaseClock(device)
+        t0, clock = time.perf_counter(), PhaseClock(device)
+        run.memory.start(device)
         collector.start_layer(layer)
         if expert_stats is not None:
             expert_stats.start_layer(layer)
@@ -270,14 +254,13 @@ def run_calibration(
         clock.mark("observe")
         collector.combine_ranks(ctx)
         if expert_stats is not None:
-            expert_stats.observe_done(layer, reader, ctx, rerun=lambda obs: runner.feed_forward(
-                attended, w, observer=obs, output=False))
+            expert_stats.observe_done(layer, reader, ctx, rerun=partial(runner.feed_forward, attended, w, output=False))
         layer_scales, entry = _layer_scales(
             reader, layer, collector, policy=policy, min_expert_tokens=min_expert_tokens
         )
         run.layers.append(entry)
         if stats_dir is not None and ctx.is_main:
-            _save_activation_stats(stats_dir, reader, layer, collector)
+            save_activation_stats(stats_dir, reader.layout.layer_prefix(layer), layer, modules, collector)
         clock.mark("scales")
         if modules:
             run.scales.update(layer_scales)
@@ -295,6 +278,7 @@ def run_calibration(
         synchronize(device)
         run.layer_seconds.append(time.perf_counter() - t0)
         run.phase_seconds.append(clock.seconds)
+        run.memory.stop(device)
         done += 1
         if resume is not None and resume.due(done, len(order)):
             save_calibration(resume, layer, states, run, expert_stats)
@@ -422,6 +406,7 @@ def calibrate_checkpoint(
         shard_sha256=written.sha256,
         seconds=time.perf_counter() - started,
         layers=run.layers,
+        layer_seconds=run.layer_seconds, layer_memory=run.memory,
         kv_cache=kv_report,
         memory_plan=plan,
     )

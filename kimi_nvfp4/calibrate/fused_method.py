@@ -40,7 +40,7 @@ from safetensors import safe_open
 from ..checkpoint.reader import CheckpointReader
 from ..checkpoint.writer import ShardWriter, sha256_file
 from ..errors import CheckpointError, ResourceError
-from .expert_stats import DOWN, GATE_UP, CollectorWithExpertStats, ExpertStatsMode, ExpertStatsObserver, \
+from .expert_stats import DOWN, GATE_UP, CollectorWithExpertStats, ExpertStatsObserver, \
     expert_stats_mode_for
 from .expert_stats_file import InMemoryLayerStats, LayerStatsCounts, layer_stats_name, layer_stats_tensors, \
     write_layer_stats

@@ -9,8 +9,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
+from ..stage_kit.layer_memory import LayerMemory
 from ..stage_kit.memory_plan import MemoryPlan
 from ..stage_kit.artifacts import markdown_table, new_figure, save_figure, save_model_json, save_text
 from .kv_cache import KVCacheCalibration
@@ -90,6 +91,10 @@ class CalibrationReport(BaseModel):
     shard_sha256: str
     seconds: float
     layers: list[LayerCalibration]
+    # per layer, in the order run: wall seconds and peak GPU / host memory (stage_kit/layer_memory.py; the host
+    # figure is the process's maximum RSS so far); empty / None in reports written before they were recorded
+    layer_seconds: list[float] = Field(default_factory=list)
+    layer_memory: LayerMemory | None = None
     # FP8 KV-cache scales written (calibrate/kv_cache.py); None when the checkpoint declares no KV quantization
     kv_cache: KVCacheCalibration | None = None
     # where the run kept what, and its estimated peaks (stage_kit/memory_plan.py); rank 0's

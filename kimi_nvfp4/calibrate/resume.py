@@ -1,7 +1,8 @@
 """calibrate's resume snapshot (stage_kit/resume.py): what `run_calibration` needs to continue after layer L.
 
 - the hidden states (layer L+1's input, W4A4 up to L), one tensor per sequence of this rank;
-- the input scales chosen so far (exact fp32 tensors) and the report entries, seconds and dequantized layers;
+- the input scales chosen so far (exact fp32 tensors) and the report entries, seconds, peak memory and dequantized
+  layers;
 - this rank's FP8 KV-cache ranges (combined over ranks only at the end) and, with `--expert-stats`, the
   statistics files rank 0 already wrote (their names and sha256) and their counts.
 The per-layer activation statistics files are already on disk; the collector starts afresh at each layer.
@@ -18,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..checkpoint.reader import CheckpointReader
 from ..distributed import RankContext
 from ..model.runner import HiddenStates, LayerStreamRunner
+from ..stage_kit.layer_memory import LayerMemory
 from ..stage_kit.resume import ResumeStore, Snapshot
 from ..stage_kit.resume_fingerprint import checkpoint_identity, compute_identity, run_identity
 from .expert_stats_file import LayerStatsCounts
@@ -39,6 +41,7 @@ class CalibrationSnapshot(BaseModel):
     layers: list[LayerCalibration]
     layer_seconds: list[float]
     phase_seconds: list[dict[str, float]] = Field(default_factory=list)
+    layer_memory: LayerMemory = Field(default_factory=LayerMemory)  # per layer, peak GPU / host memory
     materialized_layers: list[int]
     kv_tokens: dict[int, int] | None = None  # None: the run records no KV-cache ranges
     expert_stats_files: dict[str, str] = Field(default_factory=dict)
@@ -66,7 +69,7 @@ def save_calibration(store: ResumeStore, layer: int, states: HiddenStates, run: 
     """Snapshot `run_calibration` after `layer` (`run`: its CalibrationRun)."""
     kv = run.kv_ranges
     state = CalibrationSnapshot(
-        layers=run.layers, layer_seconds=run.layer_seconds, phase_seconds=run.phase_seconds,
+        layers=run.layers, layer_seconds=run.layer_seconds, phase_seconds=run.phase_seconds, layer_memory=run.memory,
         materialized_layers=run.materialized_layers,
         kv_tokens=None if kv is None else dict(kv.tokens),
         expert_stats_files={} if expert_stats is None else dict(expert_stats.files),
@@ -86,6 +89,7 @@ def restore_calibration(snapshot: Snapshot, run: Any, runner: LayerStreamRunner,
     run.layers = list(state.layers)
     run.layer_seconds = list(state.layer_seconds)
     run.phase_seconds = list(state.phase_seconds)
+    run.memory = state.layer_memory.model_copy(deep=True)
     run.materialized_layers = list(state.materialized_layers)
     run.scales = dict(snapshot.tensors(SCALES_GROUP))
     if run.kv_ranges is not None:

@@ -16,9 +16,11 @@ per-expert `ActivationStats` entries when `routed` is read.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
+from ..checkpoint.writer import ShardWriter
 from ..numerics.triton_support import triton_module
 
 
@@ -311,3 +313,21 @@ class ActivationCollector:
             for e, c in enumerate(self.expert_tokens.tolist()[:n_experts]):
                 out[e] = int(c)
         return out
+
+
+def save_activation_stats(
+    directory: Path, prefix: str, layer: int, modules: list[str], collector: ActivationCollector
+) -> None:
+    """Per quantized linear of the layer (`modules`, without the layer `prefix`): input amax, per-channel mean
+    square, token count (for later methods), in `directory/layer_LLL.safetensors`."""
+    wanted = set(modules)
+    writer = ShardWriter(directory / f"layer_{layer:03d}.safetensors", metadata={"layer": str(layer)})
+    for (module, _expert), stats in sorted(collector.routed.items(), key=lambda kv: kv[0][0]):
+        if module not in wanted:
+            continue
+        writer.add(f"{prefix}{module}.input_amax", stats.amax.detach().cpu().reshape(()))
+        writer.add(f"{prefix}{module}.input_mean_square", stats.mean_square())
+        writer.add(f"{prefix}{module}.tokens", torch.tensor(stats.tokens, dtype=torch.int64))
+    if len(writer):
+        directory.mkdir(parents=True, exist_ok=True)
+        writer.commit()

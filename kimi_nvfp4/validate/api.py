@@ -19,6 +19,7 @@ import torch
 
 from ..stage_kit.device import AUTO_DTYPE, PhaseClock, dtype_name, resolve_device, resolve_dtype, synchronize
 from ..stage_kit.disk_space import warn_if_snapshots_cannot_fit
+from ..stage_kit.layer_memory import LayerMemory
 from ..stage_kit.memory_plan import announce, apply_gpu_cap, out_of_memory
 from .memory import validation_plan
 from ..stage_kit.output_paths import require_writable_dir
@@ -39,7 +40,7 @@ from .baseline import BASELINE_NAME, baseline_enabled, baseline_layer
 from .evaluate import evaluate_gates
 from .experts import DEFAULT_EXPERT_CHECK_TOKENS, WORST_EXPERTS, ExpertError, ExpertErrorObserver
 from .gates import DEFAULT_GATES, GateThresholds
-from .metrics import RelativeError, TokenComparison
+from .metrics import RelativeError, TokenComparison, stream_drift
 from .options import ValidateOptions
 from .ranks import merge_counts, merge_relative_errors, merge_token_comparison
 from .resume import ValidationResume, validation_fingerprint
@@ -58,15 +59,6 @@ def _runner_kwargs(dev, max_chunk_tokens, states_device, dtype, prefetch, materi
         "device": dev, "progress": False, "states_device": states_device, "dtype": dtype,
         "max_chunk_tokens": max_chunk_tokens, "materialize_layers": materialize, "prefetch": prefetch,
     }
-
-
-def _drift(ref, test, device: torch.device) -> RelativeError:
-    """The relative MSE between two streams, on the compute device (host-resident states are copied per sequence:
-    the CPU's fp64 arithmetic over 7 billion values per stream would take minutes per layer)."""
-    acc = RelativeError()
-    for a, b in zip(ref.sequences, test.sequences):
-        acc.add(a.to(device, non_blocking=True), b.to(device, non_blocking=True))
-    return acc
 
 
 def writes_into_checkpoint(arguments: dict) -> bool:
@@ -105,6 +97,7 @@ class StreamComparison:
     layer_seconds: list[float] = field(default_factory=list)
     # per layer, seconds by phase (load wait, weight check, each stream...): where a layer's time goes
     phase_seconds: list[dict[str, float]] = field(default_factory=list)
+    memory: LayerMemory = field(default_factory=LayerMemory)  # per layer, peak GPU / host memory
     logits_seconds: float = 0.0
     baseline: EndToEnd | None = None
 
@@ -173,8 +166,8 @@ def compare_streams(
     n_layers = cfg.num_hidden_layers
     for layer in layer_progress(range(start, n_layers), tokens_per_layer=tokens, desc="validate: layers",
                                 enabled=progress, done=start):
-        t0 = time.perf_counter()
-        clock = PhaseClock(device)
+        t0, clock = time.perf_counter(), PhaseClock(device)
+        result.memory.start(device)
         w_ref = ref_runner.load_layer(layer)
         w_nv = _load_nvfp4_layer(nv_runner, fallback_source, layer, device, compute_dtype, states, result)
         clock.mark("load")
@@ -216,7 +209,7 @@ def compare_streams(
             clock.mark(f"{mode.value}_attention")
             states[mode] = nv_runner.feed_forward(attended, w_nv)
             del attended
-            drift[mode] = _drift(new_ref, states[mode], device)
+            drift[mode] = stream_drift(new_ref, states[mode], device)
             clock.mark(f"{mode.value}_mlp")
         for mode, err in merge_relative_errors(ctx, drift).items():
             entry.drift[mode.value] = err.rel_mse
@@ -227,7 +220,7 @@ def compare_streams(
                     for lin in expert.linears():
                         lin.drop_materialized()
             base_states = nv_runner.feed_forward(nv_runner.attend(layer, base_states, w_base), w_base)
-            merged = merge_relative_errors(ctx, {BASELINE_NAME: _drift(new_ref, base_states, device)})
+            merged = merge_relative_errors(ctx, {BASELINE_NAME: stream_drift(new_ref, base_states, device)})
             entry.baseline_drift = merged[BASELINE_NAME].rel_mse
             clock.mark("baseline_stream")
         del w_nv, w_base
@@ -236,6 +229,7 @@ def compare_streams(
         synchronize(device)
         result.layer_seconds.append(time.perf_counter() - t0)
         result.phase_seconds.append(clock.seconds)
+        result.memory.stop(device)
         if resume is not None and resume.store.due(layer + 1, n_layers):
             resume.save(layer, ref_states, states, base_states, result, comparer)
 
@@ -387,6 +381,7 @@ def validate_checkpoint(
         structure=structure,
         weights=run.weights,
         layers=run.layers,
+        layer_seconds=run.layer_seconds, layer_memory=run.memory,
         worst_experts=sorted(run.expert_errors, key=lambda x: -x.rel_mse)[: WORST_EXPERTS * len(mode_list)],
         end_to_end=run.end_to_end,
         baseline=run.baseline,

@@ -63,6 +63,16 @@ def percentile(values: torch.Tensor, q: float) -> float:
     return float(s[rank])
 
 
+def stream_drift(ref, test, device: torch.device) -> RelativeError:
+    """The relative MSE between two hidden-state streams (`HiddenStates`), on the compute device (host-resident states
+    are copied per sequence: the CPU's fp64 arithmetic over 7 billion values per stream would take minutes per
+    layer)."""
+    acc = RelativeError()
+    for a, b in zip(ref.sequences, test.sequences):
+        acc.add(a.to(device, non_blocking=True), b.to(device, non_blocking=True))
+    return acc
+
+
 @dataclass
 class TokenComparison:
     """Per-token KL(ref || test), top-1 agreement and both models' NLL of the next token."""

@@ -8,8 +8,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
+from ..stage_kit.layer_memory import LayerMemory
 from ..stage_kit.memory_plan import MemoryPlan
 from ..stage_kit.artifacts import markdown_table, new_figure, save_figure, save_model_json, save_text
 from ..checkpoint.verdict import ValidateVerdict
@@ -84,6 +85,10 @@ class ValidationReport(BaseModel):
     structure: StructureReport
     weights: WeightSummary | None
     layers: list[LayerValidation]
+    # per layer, in the order run: wall seconds and peak GPU / host memory (stage_kit/layer_memory.py; the host
+    # figure is the process's maximum RSS so far); empty / None in reports written before they were recorded
+    layer_seconds: list[float] = Field(default_factory=list)
+    layer_memory: LayerMemory | None = None
     worst_experts: list[ExpertError]
     end_to_end: list[EndToEnd]
     baseline: EndToEnd | None = None  # the amax baseline stream end to end (validate/baseline.py)

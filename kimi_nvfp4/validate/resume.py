@@ -1,7 +1,7 @@
 """validate's resume snapshot (stage_kit/resume.py): what `compare_streams` needs to continue after layer L.
 
 - every hidden-state stream still running (INT4, one per NVFP4 mode, the amax baseline), one tensor per sequence;
-- the per-layer entries, per-expert errors, modes that stopped and why, seconds per layer;
+- the per-layer entries, per-expert errors, modes that stopped and why, seconds and peak memory per layer;
 - the weight check's running summary (`WeightComparer`'s accumulators);
 - on rank 0, the structural scan's report, so that a resume does not read every tensor again.
 Every figure in them is already combined over the ranks (validate/ranks.py), so each rank's copy is the job's.
@@ -20,6 +20,7 @@ from ..distributed import RankContext
 from ..model.linear import ActivationMode
 from ..model.runner import HiddenStates, LayerStreamRunner
 from ..numerics.methods import MatrixErrorStats
+from ..stage_kit.layer_memory import LayerMemory
 from ..stage_kit.resume import ResumeStore, Snapshot
 from ..stage_kit.resume_fingerprint import checkpoint_identity, compute_identity, run_identity
 from .experts import ExpertError
@@ -65,6 +66,7 @@ class ValidationSnapshot(BaseModel):
     mode_errors: dict[str, str]
     layer_seconds: list[float]
     phase_seconds: list[dict[str, float]] = Field(default_factory=list)
+    layer_memory: LayerMemory = Field(default_factory=LayerMemory)  # per layer, peak GPU / host memory
     modes: list[str]  # NVFP4 streams still running
     baseline: bool  # the baseline stream is running
     comparer: WeightComparerState
@@ -102,7 +104,8 @@ class ValidationResume:
         """Snapshot `compare_streams` after `layer` (`result`: its StreamComparison)."""
         state = ValidationSnapshot(
             layers=result.layers, expert_errors=result.expert_errors, mode_errors=result.mode_errors,
-            layer_seconds=result.layer_seconds, phase_seconds=result.phase_seconds, modes=[m.value for m in states],
+            layer_seconds=result.layer_seconds, phase_seconds=result.phase_seconds, layer_memory=result.memory,
+            modes=[m.value for m in states],
             baseline=base is not None,
             comparer=WeightComparerState.of(comparer), structure=self.structure,
         )
@@ -122,6 +125,7 @@ class ValidationResume:
         result.mode_errors = dict(state.mode_errors)
         result.layer_seconds = list(state.layer_seconds)
         result.phase_seconds = list(state.phase_seconds)
+        result.memory = state.layer_memory.model_copy(deep=True)
         state.comparer.restore(comparer)
 
         def stream(name: str, runner: LayerStreamRunner) -> HiddenStates:

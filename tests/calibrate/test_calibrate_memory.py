@@ -11,6 +11,7 @@ from kimi_nvfp4.calibrate import ExpertPolicy
 from kimi_nvfp4.calibrate.api import run_calibration
 from kimi_nvfp4.checkpoint.reader import CheckpointReader
 from kimi_nvfp4.model import weights as model_weights
+from kimi_nvfp4.stage_kit.layer_memory import peak_allocated, reset_peak
 
 
 class LiveLayers:
@@ -72,11 +73,11 @@ def test_gpu_peak_memory_is_one_layer_plus_states(converted_pair, cuda_device):
         cfg, stage="calibrate", device=cuda_device, dtype=torch.bfloat16, tokens=sum(s.numel() for s in seqs),
         seq_len=64, streams=1, sources=1, states_on_device=True, chunk_tokens=CUDA_MAX_CHUNK_TOKENS,
         materialize=True, prefetch=True)
-    torch.cuda.reset_peak_memory_stats(cuda_device)
+    reset_peak(cuda_device)
     base = torch.cuda.memory_allocated(cuda_device)
     run_calibration(reader, seqs, policy=ExpertPolicy.PEER_MAX, min_expert_tokens=4, device=cuda_device, progress=False,
                     materialize=True, prefetch=True)
-    peak = torch.cuda.max_memory_allocated(cuda_device) - base
+    peak = peak_allocated(cuda_device) - base
     # the plan's headroom (cuBLAS workspaces, allocator rounding, Triton) is not allocated by the stage's tensors
     # but cuBLAS's workspaces are, through the caching allocator: 32 MiB of them at this size
     assert peak <= planned - GPU_HEADROOM_BYTES + 32 * 2**20

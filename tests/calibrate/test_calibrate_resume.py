@@ -50,8 +50,8 @@ def _killed(out, src, loads, **options):
 
 def _numbers(report) -> dict:
     data = report.model_dump(mode="json")
-    # the memory plan records the free memory of its moment, like the wall time
-    for key in ("seconds", "checkpoint", "memory_plan"):
+    # the memory plan records the free memory of its moment, like the wall time and the per-layer costs
+    for key in ("seconds", "checkpoint", "memory_plan", "layer_seconds", "layer_memory"):
         data.pop(key)
     return data
 
@@ -74,6 +74,9 @@ def test_a_killed_calibration_resumes_after_the_last_snapshot(converted_pair, tm
     assert loads == Counter({FAIL_AT: 1})  # layers 0 and 1 came from the snapshot
     assert (out / INPUT_SCALES_SHARD).read_bytes() == (fresh / INPUT_SCALES_SHARD).read_bytes()
     assert _numbers(resumed) == _numbers(expected)
+    # the per-layer seconds and peaks of the layers run before the kill came through the snapshot
+    assert len(resumed.layer_seconds) == len(resumed.layer_memory.host_peak_rss_bytes) == len(resumed.layers)
+    assert (resumed.layer_memory.gpu_peak_bytes is None) == (stage_device == "cpu")
     manifest = json.loads((out / "kimi_nvfp4_manifest.json").read_text())
     expected_manifest = json.loads((fresh / "kimi_nvfp4_manifest.json").read_text())
     stats = manifest["stages"]["calibrate"]["outputs"]["expert_stats"]

@@ -57,6 +57,7 @@ def _numbers(report) -> dict:
     data = report.model_dump(mode="json")
     data.pop("seconds")
     data.pop("memory_plan")  # the free memory of its moment, like the wall time
+    data.pop("layer_seconds"), data.pop("layer_memory")
     data["verdict"].pop("sealed_at")
     return data
 
@@ -74,6 +75,9 @@ def test_a_killed_validation_resumes_with_the_same_report(calibrated_pair, tmp_p
     resumed = validate_checkpoint(out, src, "sample", report_dir=report_dir, **options)
     assert counts == Counter({FAIL_AT: 2})  # the last layer of each checkpoint, once; no second structural scan
     assert _numbers(resumed) == _numbers(expected)
+    # the per-layer seconds and peaks of the layers run before the kill came through the snapshot
+    assert len(resumed.layer_seconds) == len(resumed.layer_memory.host_peak_rss_bytes) == len(resumed.layers)
+    assert (resumed.layer_memory.gpu_peak_bytes is None) == (stage_device == "cpu")
     assert resumed.baseline is not None and len(resumed.end_to_end) == 2
     assert not (report_dir / RESUME_DIR).exists()
 
