@@ -20,7 +20,7 @@ import torch
 from kimi_nvfp4.checkpoint.reader import CheckpointReader
 from kimi_nvfp4.model import Int4SourceWeights, LayerStreamRunner, NVFP4Weights
 from kimi_nvfp4.stage_kit.samples import DataPart, load_sample_set
-from kimi_nvfp4.validate.api import _runner_kwargs
+from kimi_nvfp4.validate.streams import _runner_kwargs
 from kimi_nvfp4.validate.metrics import TokenComparison
 from kimi_nvfp4.validate.options import ValidateOptions
 

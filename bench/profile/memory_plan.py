@@ -31,7 +31,7 @@ from kimi_nvfp4.model.linear import ActivationMode
 from kimi_nvfp4.model.nvfp4_linears import InputScaleReduction
 from kimi_nvfp4.stage_kit.memory_plan import GIB, apply_gpu_cap, plan_stage
 from kimi_nvfp4.validate import DEFAULT_GATES
-from kimi_nvfp4.validate.api import compare_streams
+from kimi_nvfp4.validate.streams import compare_streams
 from kimi_nvfp4.validate.baseline import baseline_enabled
 from kimi_nvfp4.validate.options import ValidateOptions
 from kimi_nvfp4.stage_kit.layer_memory import peak_allocated, peak_reserved, reset_peak

@@ -29,7 +29,7 @@ from kimi_nvfp4.checkpoint.reader import CheckpointReader
 from kimi_nvfp4.model.linear import ActivationMode
 from kimi_nvfp4.model.nvfp4_linears import InputScaleReduction
 from kimi_nvfp4.validate import DEFAULT_GATES
-from kimi_nvfp4.validate.api import compare_streams
+from kimi_nvfp4.validate.streams import compare_streams
 
 TOP = 30
 

@@ -28,7 +28,7 @@ from kimi_nvfp4.model.linear import ActivationMode
 from kimi_nvfp4.model.nvfp4_linears import InputScaleReduction
 from kimi_nvfp4.validate import DEFAULT_GATES
 from kimi_nvfp4.model import linear as linear_module
-from kimi_nvfp4.validate.api import compare_streams
+from kimi_nvfp4.validate.streams import compare_streams
 from kimi_nvfp4.validate.experts import DEFAULT_EXPERT_CHECK_TOKENS
 from kimi_nvfp4.validate.baseline import baseline_enabled
 from kimi_nvfp4.validate.structure import check_structure

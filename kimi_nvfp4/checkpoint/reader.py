@@ -11,6 +11,8 @@ import json
 import math
 import os
 import struct
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path, PurePath
@@ -21,6 +23,9 @@ from safetensors import safe_open
 
 from ..errors import CheckpointError
 from .layout import CheckpointLayout
+
+# Shards kept open (memory-mapped) at once by one reader; more than convert's workers read at a time.
+MAX_OPEN_SHARDS = 16
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_SHARD_NAME = "model.safetensors"
@@ -168,7 +173,8 @@ class CheckpointReader:
             raise CheckpointError("config.json is missing", file=config_path)
         self.config: dict[str, Any] = _read_json_object(config_path)
         self.weight_map: dict[str, str] = self._read_weight_map()
-        self._handles: dict[str, Any] = {}
+        self._handles: OrderedDict[str, Any] = OrderedDict()
+        self._handles_lock = threading.Lock()
         self._unindexed: dict[str, list[str]] = {}
 
     # --- structure ----------------------------------------------------------------------
@@ -234,14 +240,23 @@ class CheckpointReader:
 
     # --- data ---------------------------------------------------------------------------
     def _handle(self, file: str):
-        h = self._handles.get(file)
-        if h is None:
-            path = self.root / file
-            try:
-                h = safe_open(str(path), framework="pt", device="cpu")
-            except Exception as e:  # safetensors raises its own error types
-                raise CheckpointError(f"cannot open shard ({e})", file=path) from None
+        # At most MAX_OPEN_SHARDS shards stay mapped: every page a mapped shard was read through counts in the
+        # process's RSS (and a container's memory accounting) until it is unmapped, which over a 61-layer stage
+        # read the whole source into the RSS (bench/results/rehearsal_61l_8e_64x2048_h200.json: +0.45 GiB a layer).
+        with self._handles_lock:
+            h = self._handles.get(file)
+            if h is not None:
+                self._handles.move_to_end(file)
+                return h
+        path = self.root / file
+        try:
+            h = safe_open(str(path), framework="pt", device="cpu")
+        except Exception as e:  # safetensors raises its own error types
+            raise CheckpointError(f"cannot open shard ({e})", file=path) from None
+        with self._handles_lock:
             self._handles[file] = h
+            while len(self._handles) > MAX_OPEN_SHARDS:
+                self._handles.popitem(last=False)
         return h
 
     def load(self, name: str) -> torch.Tensor:
@@ -258,7 +273,8 @@ class CheckpointReader:
         return {n: self.load(n) for n in names}
 
     def close(self) -> None:
-        self._handles.clear()
+        with self._handles_lock:
+            self._handles.clear()
 
     def __enter__(self) -> "CheckpointReader":
         return self

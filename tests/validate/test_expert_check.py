@@ -12,7 +12,7 @@ from kimi_nvfp4.model.linear import ActivationMode
 from kimi_nvfp4.model.nvfp4_linears import InputScaleReduction
 from kimi_nvfp4.numerics.methods import Int4Matrix, error_stats
 from kimi_nvfp4.numerics.nvfp4 import NVFP4Tensor
-from kimi_nvfp4.validate.api import compare_streams
+from kimi_nvfp4.validate.streams import compare_streams
 from kimi_nvfp4.validate.weights import compare_expert, resolve_comparisons
 from kimi_nvfp4.stage_kit.samples import DataPart, load_sample_set
 
