@@ -26,6 +26,7 @@ import torch
 
 from ..checkpoint.output_lock import holds_output_lock
 from ..checkpoint.reader import CheckpointReader
+from ..errors import CheckpointError
 from ..distributed import RankContext, rank_context
 from ..stage_kit.progress import job_tokens, layer_progress
 from ..model import LayerStreamRunner, NVFP4Weights
@@ -46,6 +47,7 @@ from .policy import (
     input_scale_from_amax,
 )
 from .report import (
+    REPORT_JSON,
     CalibrationReport,
     CalibrationSettings,
     ExpertCalibration,
@@ -67,7 +69,8 @@ from .kv_cache import FP8_KV_CACHE_ALGO, KVCacheRanges, declared_kv_cache_algo, 
 from .expert_stats import ExpertStatsMode
 from .expert_stats_file import EXPERT_STATS_DIR
 from .expert_stats_hook import EXPERT_STATS_RECORD, ExpertStatsHook
-from .fused_method import FUSED_RECORD, FusedMethodHook, finalize, require_not_requantized
+from .fused_finalize import PendingFinalize
+from .fused_method import FUSED_RECORD, FusedMethodHook, finalize, pending_finalize
 from ..stage_kit.layer_memory import LayerMemory
 
 # Reports and per-layer statistics go here, inside the output folder.
@@ -287,6 +290,41 @@ def run_calibration(
     return run
 
 
+def _settings(data: str, opts: CalibrateOptions, dtype: str) -> CalibrationSettings:
+    return CalibrationSettings(data=data, samples=opts.samples, seq_len=opts.seq_len, seed=opts.seed,
+                               min_expert_tokens=opts.min_expert_tokens, policy=opts.policy.value,
+                               heldout_fraction=HELDOUT_FRACTION, dtype=dtype)
+
+
+def _stage_settings(data: str, opts: CalibrateOptions, dtype: str) -> dict[str, Any]:
+    """What the calibrate stage records as its settings (`dtype`: the compute dtype's name)."""
+    return {**_settings(data, opts, dtype).model_dump(), **opts.recorded_expert_stats(), **opts.recorded_method()}
+
+
+def _finish_pending(output: Path, pending: PendingFinalize, ctx: RankContext,
+                    resume: ResumeStore) -> CalibrationReport:
+    """A fused run killed during finalize: its input scales and report were written before finalize started, so only
+    the expert shards are left (rank 0 writes them); returns the report that run wrote."""
+    ctx.barrier()  # every rank has read the manifest before rank 0 changes it
+    if not ctx.is_main:
+        ctx.barrier()
+        return ctx.broadcast_object(None)
+    from ..checkpoint.manifest import load_manifest
+
+    pending.finish(output)
+    where = Path(load_manifest(output).stages[CALIBRATE_STAGE].outputs["report"])
+    path = (where if where.is_absolute() else output / where) / REPORT_JSON
+    try:
+        report = CalibrationReport.model_validate_json(path.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"the calibration report of the finished run cannot be read ({e})", file=path) from None
+    resume.finish()
+    if ctx.distributed:
+        ctx.barrier()
+        ctx.broadcast_object(report)
+    return report
+
+
 @holds_output_lock("calibrate", "output")  # one writer per checkpoint folder (checkpoint/output_lock.py)
 def calibrate_checkpoint(
     output: str | Path,
@@ -341,8 +379,11 @@ def calibrate_checkpoint(
     mine = ctx.shard(sample_set.sequences)
     stats_dir = calib_dir / ACTIVATION_STATS_DIR if save_activation_stats else None
     plan = calibration_plan(out_reader.layout.text, opts, dev, compute_dtype, sum(int(s.numel()) for s in mine))
+    pending = None  # a fused run killed during finalize, which this same command finishes (fused_finalize.py)
     if opts.method is not None:
-        require_not_requantized(output)
+        pending = pending_finalize(output, opts.method.value, opts.method_config().model_dump(mode="json"),
+                                   _stage_settings(data, opts, dtype_name(compute_dtype)))
+    if opts.method is not None and pending is None:
         solve = method_solve_plan(out_reader.layout.text, opts, plan, dev)
         expert_hook = FusedMethodHook(
             opts.method.value, opts.method_config().model_dump(mode="json"), output, CheckpointReader(source),
@@ -355,6 +396,8 @@ def calibrate_checkpoint(
     resume = ResumeStore(output, CALIBRATE_STAGE, ctx, calibration_fingerprint(
         out_reader, ctx, data, mine, opts, device=dev, dtype=compute_dtype, stats_dir=stats_dir, kv_cache=kv_fp8), every=opts.resume_every,
         max_overhead=opts.resume_max_overhead)
+    if pending is not None:
+        return _finish_pending(output, pending, ctx, resume)
     try:
         run = run_calibration(
             out_reader, mine, policy=policy, min_expert_tokens=min_expert_tokens, device=dev,
@@ -368,21 +411,12 @@ def calibrate_checkpoint(
         ctx.barrier()
         return ctx.broadcast_object(None)
     fused = isinstance(expert_hook, FusedMethodHook)
-    settings = CalibrationSettings(
-        data=data,
-        samples=samples,
-        seq_len=seq_len,
-        seed=seed,
-        min_expert_tokens=min_expert_tokens,
-        policy=policy.value,
-        heldout_fraction=HELDOUT_FRACTION,
-        dtype=run.dtype,
-    )
+    settings = _settings(data, opts, run.dtype)
     kv_scales, kv_report = kv_cache_scales(out_reader.layout, run.kv_ranges) if kv_fp8 else ({}, None)
     written = install_input_scales(
         output,
         {**run.scales, **kv_scales},
-        stage_settings={**settings.model_dump(), **opts.recorded_expert_stats(), **opts.recorded_method()},
+        stage_settings=_stage_settings(data, opts, run.dtype),
         stage_outputs={
             "report": str(calib_dir.relative_to(output)) if calib_dir.is_relative_to(output) else str(calib_dir),
             **({} if expert_hook is None else {FUSED_RECORD: expert_hook.record()} if fused

@@ -7,16 +7,18 @@ as convert wrote it) accumulates each routed expert's input statistics beside ca
 file would hold (`layer_stats_tensors`: same dtypes, same dense threshold, kept on their device), the layer's
 experts are solved from the INT4 source in batches of `batch_experts` (the memory planner's, stage_kit/
 expert_solve_plan.py), the sums are freed, and the layer's new expert tensors are written to a staging file
-`OUTPUT/calibration/fused_experts/layer_LLL.safetensors` (atomic). After the last layer, `finalize` rewrites every
-shard holding routed experts from the staging files (requantize's `replace_in_shard`: the bytes requantize writes
-for the same values), records them as requantize records them, and deletes the staging files.
+`OUTPUT/calibration/fused_experts/layer_LLL.safetensors` (atomic). After the last layer (and after the input scales
+and the report are written), `finalize` (calibrate/fused_finalize.py) rewrites every shard holding routed experts
+from the staging files (requantize's `replace_in_shard`: the bytes requantize writes for the same values), records
+them as requantize records them, and deletes the staging files.
 
 Why staging instead of rewriting the shard at once: calibrate's resume snapshot is keyed to the shards' size and
 mtime (stage_kit/resume_fingerprint.py), and a layer redone after a kill must observe the weights convert wrote,
 not ones already requantized; shards are therefore only written once the loop is over, and a kill during that
-last step resumes from the staging files (`pending_finalize`). The staging files hold weights (a layer's NVFP4
-experts: 8.9 GiB at K2.6), never statistics (85 GB per layer at K2.6): 0 bytes of statistics reach the disk unless
-`keep_stats` (a debug flag) asks for the files `requantize` reads.
+last step is resumed by the same command from the staging files, without the layer loop (`pending_finalize`:
+finalize records the staging files' digests, the method and its options in the staging folder before it starts).
+The staging files hold weights (a layer's NVFP4 experts: 8.9 GiB at K2.6), never statistics (85 GB per layer at
+K2.6): 0 bytes of statistics reach the disk unless `keep_stats` (a debug flag) asks for the files `requantize` reads.
 
 Propagation (docs/numerics.md, "GPTQ inside calibrate"): the next layer's inputs come from the layer as convert
 wrote it (int4-aware weights, W4A4), not from the requantized layer: the fused shards are then byte-identical to
@@ -28,28 +30,25 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import time
 from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from safetensors import safe_open
 
 from ..checkpoint.reader import CheckpointReader
-from ..checkpoint.writer import ShardWriter, sha256_file
-from ..errors import CheckpointError, ResourceError
+from ..checkpoint.writer import ShardWriter
+from ..errors import ResourceError
 from .expert_stats import DOWN, GATE_UP, CollectorWithExpertStats, ExpertStatsObserver, \
     expert_stats_mode_for
 from .expert_stats_file import InMemoryLayerStats, LayerStatsCounts, layer_stats_name, layer_stats_tensors, \
     write_layer_stats
 
+from .fused_finalize import FUSED_DIR, FUSED_RECORD, OUTCOME_KEY as _OUTCOME_KEY, finalize, pending_finalize, \
+    require_not_requantized
+
 log = logging.getLogger(__name__)
-FUSED_DIR = "fused_experts"  # under OUTPUT/calibration: per-layer staging of the requantized expert tensors
-FUSED_RECORD = "fused_method"  # key in stages.calibrate.outputs
-STATISTICS_MODE = "in-memory"  # the requantize record's statistics_mode for fused runs
-_OUTCOME_KEY = "outcome"
 
 
 class FusedMethodHook:
@@ -204,76 +203,4 @@ class _LayerSolve:
             setattr(self.counts, key, getattr(self.counts, key) + getattr(counts, key))
 
 
-def require_not_requantized(output: Path) -> None:
-    """calibrate --method observes the experts as convert wrote them: refuse a checkpoint whose expert shards a
-    requantize (or an earlier fused run, finished or killed while writing shards) already rewrote."""
-    from ..checkpoint.manifest import load_manifest
-    from ..requantize.record import REQUANTIZE_STAGE
-
-    if REQUANTIZE_STAGE in load_manifest(output).stages:
-        raise CheckpointError("calibrate --method needs the routed experts as convert wrote them, but requantize "
-                              "already rewrote them here; convert again into a fresh folder",
-                              file=output / "kimi_nvfp4_manifest.json")
-
-
-def _staged(directory: Path, files: dict[str, str]) -> tuple[dict[str, Path], dict[str, dict[str, Any]]]:
-    """Tensor name -> staging file, and each file's outcome; every file checked against its recorded sha256."""
-    where, outcomes = {}, {}
-    for name, digest in sorted(files.items()):
-        path = directory / name
-        if not path.is_file() or sha256_file(path) != digest:
-            raise CheckpointError("a staged requantized layer is missing or changed (run calibrate --method again "
-                                  "on a fresh conversion)", file=path)
-        with safe_open(str(path), framework="pt") as f:
-            outcomes[name] = json.loads((f.metadata() or {})[_OUTCOME_KEY])
-            for tensor in f.keys():
-                where[tensor] = path
-    return where, outcomes
-
-
-def finalize(output: Path, directory: Path, files: dict[str, str], method: str,
-             method_options: dict[str, Any]) -> None:
-    """Rewrite every routed-expert shard from the staging files, record them as requantize does (a shard at a time,
-    so a kill here resumes with the shards not yet recorded), then delete the staging files."""
-    from ..checkpoint.manifest import ShardRecord, conversion_sha256, load_manifest
-    from ..requantize.api import _save_progress
-    from ..requantize.record import RequantizedShard, RequantizeRecord, requantized_sha256
-    from ..requantize.shard import expert_inputs_in, replace_in_shard
-
-    where, outcomes = _staged(directory, files)
-    reader = CheckpointReader(output)
-    manifest = load_manifest(output)
-    conversion = conversion_sha256(manifest.settings, manifest.source.fingerprint)
-    record = RequantizeRecord(method=method, statistics_mode=STATISTICS_MODE)
-    settings = {"method": method, "recalibrate": False, "method_options": method_options, "fused": True}
-    # recorded before the first shard is rewritten: a kill after a rename but before that shard's record must not
-    # leave a folder `require_not_requantized` takes for convert's (a rerun would observe requantized experts)
-    _save_progress(output, manifest, record, settings, complete=False)
-    for file in [f for f in reader.shard_files if expert_inputs_in(reader, f)]:
-        layers = sorted({item.layer for item in expert_inputs_in(reader, file)})
-        used = {f"calibration/{FUSED_DIR}/{layer_stats_name(layer)}": files[layer_stats_name(layer)]
-                for layer in layers if layer_stats_name(layer) in files}
-        names = [n for n in reader.shard_tensors(file) if n in where]
-        replacements = {}
-        for path in sorted({where[n] for n in names}):
-            with safe_open(str(path), framework="pt") as f:
-                replacements.update({n: f.get_tensor(n) for n in names if where[n] == path})
-        w = replace_in_shard(output / file, replacements)
-        manifest.shards[file] = ShardRecord(file=w.file, sha256=w.sha256, bytes=w.bytes, tensors=w.tensors,
-                                            settings_sha256=requantized_sha256(method, used, conversion,
-                                                                               method_options))
-        layer_outcomes = [outcomes[layer_stats_name(layer)] for layer in layers if layer_stats_name(layer) in files]
-        sources: dict[str, int] = {}
-        for o in layer_outcomes:
-            for key, n in o["sources"].items():
-                sources[key] = sources.get(key, 0) + n
-        record.shards[file] = RequantizedShard(
-            sha256=w.sha256, method=method, statistics=used, experts=sum(o["experts"] for o in layer_outcomes),
-            sources=dict(sorted(sources.items())), method_options=method_options,
-            matrices_kept_search=sum(o["matrices_kept_search"] for o in layer_outcomes))
-        _save_progress(output, manifest, record, settings, complete=False)
-    _save_progress(output, manifest, record, settings, complete=True)
-    shutil.rmtree(directory, ignore_errors=True)
-
-
-__all__ = ["FUSED_DIR", "FUSED_RECORD", "FusedMethodHook", "finalize", "require_not_requantized"]
+__all__ = ["FUSED_DIR", "FUSED_RECORD", "FusedMethodHook", "finalize", "pending_finalize", "require_not_requantized"]

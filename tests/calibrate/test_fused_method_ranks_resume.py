@@ -1,5 +1,5 @@
-"""`calibrate --method gptq` (calibrate/fused_method.py) under 2 gloo ranks, killed during `finalize`, and planned
-at Kimi K2.6's dimensions (issue 26).
+"""`calibrate --method gptq` (calibrate/fused_method.py, fused_finalize.py) under 2 gloo ranks, killed during
+`finalize`, and planned at Kimi K2.6's dimensions (issue 26).
 
 - **Ranks.** Two gloo processes (one thread each, as torchrun sets it) write the expert shards of one process, byte
   for byte, on the demo model at 8 x 128 tokens (36 expert inputs solved from their own dense Hessian, 8 from the
@@ -12,19 +12,21 @@ at Kimi K2.6's dimensions (issue 26).
 - **Killed between layers**: tests/calibrate/test_calibrate_fused_method.py
   (`test_a_fused_run_killed_between_layers_resumes_to_the_same_bytes`), not repeated here.
 - **Killed during finalize** (the input scales recorded, the staged layers being written into the shards), then the
-  same command again. What happens today, by where the kill lands:
-  * before the first shard is rewritten (while the staging files are checked): the rerun calibrates afresh from
-    layer 0 (the snapshot is keyed to the shards and configs install_input_scales rewrote) and ends with the clean
-    run's bytes -- passes;
-  * after a shard was rewritten (recorded or not), or after the last record before the staging files are deleted:
-    the rerun refuses with CheckpointError ("requantize already rewrote them here; convert again into a fresh
-    folder"). The resume from the staging files the fused_method docstring announces (`pending_finalize`) does
-    not exist yet: strict xfails, raises=CheckpointError. The staging files do suffice: `finalize` run again on
-    them writes the clean run's shards and records (passes).
-  Before the one-line fix in `finalize` (record the requantize stage before the first shard is rewritten), a kill
-  after the first shard's rename but before its record left no requantize stage: the rerun passed
-  `require_not_requantized`, observed the already-requantized experts, and silently ended with other bytes (both
-  expert shards and the input-scale shard differed from the clean run's).
+  same command again. By where the kill lands:
+  * before the first shard is rewritten (while the staging files are checked, no requantize stage recorded): the
+    rerun calibrates afresh from layer 0 (the snapshot is keyed to the shards and configs install_input_scales
+    rewrote) and ends with the clean run's bytes;
+  * after a shard was rewritten (recorded or not): the requantize stage is recorded incomplete and fused, and the
+    staging folder's pending_finalize.json names the staging files (sha256), the method and its options; the rerun
+    (`pending_finalize`) skips the layer loop and runs `finalize` again from the staging files, ending with the
+    clean run's shards and records (rewriting a shard already rewritten gives the same bytes);
+  * after the last record (stage complete) but before the staging files are deleted: the rerun only deletes them.
+  A rerun with another method or options, a staging file missing or changed, or pending_finalize.json missing is
+  refused with a CheckpointError naming the file.
+  Before `finalize` recorded the requantize stage before the first shard is rewritten, a kill after the first
+  shard's rename but before its record left no requantize stage: the rerun observed the already-requantized
+  experts and silently ended with other bytes (both expert shards and the input-scale shard differed from the
+  clean run's).
 - **Memory plan at K2.6** (384 experts, 7168 / 2048) for the default 512 x 2048 tokens on one GPU: one layer's
   float32 statistics (85 GB) fit neither 80 GiB nor the H200's 139 GiB beside calibrate, so the experts are planned
   in groups (stage_kit/expert_solve_plan.py) instead of the run being refused.
@@ -43,7 +45,7 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 from kimi_nvfp4.calibrate import calibrate_checkpoint
-from kimi_nvfp4.calibrate import fused_method
+from kimi_nvfp4.calibrate import fused_finalize
 from kimi_nvfp4.calibrate.expert_stats_file import EXPERT_STATS_DIR
 from kimi_nvfp4.calibrate.fused_method import FUSED_DIR
 from kimi_nvfp4.checkpoint.k2_config import K2Config
@@ -144,12 +146,12 @@ def _kill_in_finalize(monkeypatch, where: str) -> None:
     if where == "checking-staged":  # before any shard is rewritten
         def staged(*args, **kwargs):
             raise Killed(where)
-        monkeypatch.setattr(fused_method, "_staged", staged)
+        monkeypatch.setattr(fused_finalize, "_staged", staged)
         return
     if where == "all-recorded":  # the last record written, the staging files not yet deleted
         def rmtree(*args, **kwargs):
             raise Killed(where)
-        monkeypatch.setattr(fused_method, "shutil", SimpleNamespace(rmtree=rmtree))  # finalize's only use
+        monkeypatch.setattr(fused_finalize, "shutil", SimpleNamespace(rmtree=rmtree))  # the module's only use
         return
     real, calls = requantize_shard.replace_in_shard, []
 
@@ -200,15 +202,11 @@ def test_killed_before_finalize_rewrote_a_shard_the_rerun_ends_with_the_same_byt
     _assert_clean(out, clean_run)
 
 
-@pytest.mark.xfail(strict=True, raises=CheckpointError,
-                   reason="resuming an interrupted finalize from the staging files (`pending_finalize`, announced in "
-                          "fused_method.py) is not implemented: the rerun refuses with 'requantize already rewrote "
-                          "them here; convert again into a fresh folder'")
 @pytest.mark.parametrize("where", ["shard-renamed-not-recorded", "one-shard-recorded", "all-recorded"])
 def test_killed_during_finalize_the_rerun_ends_with_the_same_bytes(killed, clean_run, tmp_path, where):
-    """Also pins the fix for `shard-renamed-not-recorded`: without the requantize record written before the first
-    shard, the rerun did not raise but observed requantized experts and wrote other bytes (an AssertionError here,
-    which this xfail does not accept)."""
+    """The rerun finishes `finalize` from the staging files without the layer loop. Also pins the fix for
+    `shard-renamed-not-recorded`: without the requantize record written before the first shard, the rerun observed
+    requantized experts and wrote other bytes."""
     out = killed(where, tmp_path / "killed")
     calibrate_checkpoint(out, DEMO_CHECKPOINT, "sample", **FINALIZE)
     _assert_clean(out, clean_run)
@@ -216,15 +214,35 @@ def test_killed_during_finalize_the_rerun_ends_with_the_same_bytes(killed, clean
 
 @pytest.mark.parametrize("where", ["shard-renamed-not-recorded", "one-shard-recorded"])
 def test_the_staged_layers_left_by_a_kill_rebuild_the_clean_shards(killed, clean_run, tmp_path, where):
-    """What a resumed finalize would do: `finalize` again over the staging files, with some shards already
+    """What a resumed finalize does: `finalize` again over the staging files, with some shards already
     rewritten (rewriting a shard with the values it holds gives the same bytes)."""
     out = killed(where, tmp_path / "killed")
     assert not load_manifest(out).stages["requantize"].complete  # recorded before the first shard was rewritten
     staging = out / "calibration" / FUSED_DIR
     files = {p.name: sha256_file(p) for p in staging.glob("layer_*.safetensors")}
     options = load_manifest(out).stages["calibrate"].settings["method_options"]
-    fused_method.finalize(out, staging, files, "gptq", options)
+    fused_finalize.finalize(out, staging, files, "gptq", options)
     _assert_clean(out, clean_run)
+
+
+def test_a_resume_of_finalize_refuses_other_options_and_changed_staging_files(killed, tmp_path):
+    out = killed("one-shard-recorded", tmp_path / "killed")
+    staging = out / "calibration" / FUSED_DIR
+    with pytest.raises(CheckpointError, match="recorded other settings") as e:  # other calibrate settings
+        calibrate_checkpoint(out, DEMO_CHECKPOINT, "sample", **{**FINALIZE, "seed": 1})
+    assert e.value.file == str(out / "kimi_nvfp4_manifest.json")
+    with pytest.raises(CheckpointError, match="the interrupted run here used") as e:  # other method options
+        calibrate_checkpoint(out, DEMO_CHECKPOINT, "sample", method_options={"damping": 0.02}, **FINALIZE)
+    assert e.value.file == str(staging / fused_finalize.PENDING_NAME)
+    layer = sorted(staging.glob("layer_*.safetensors"))[0]
+    layer.write_bytes(layer.read_bytes() + b" ")
+    with pytest.raises(CheckpointError, match="missing or changed") as e:
+        calibrate_checkpoint(out, DEMO_CHECKPOINT, "sample", **FINALIZE)
+    assert e.value.file == str(layer)
+    (staging / fused_finalize.PENDING_NAME).unlink()
+    with pytest.raises(CheckpointError, match="not the staged layers") as e:
+        calibrate_checkpoint(out, DEMO_CHECKPOINT, "sample", **FINALIZE)
+    assert e.value.file == str(staging / fused_finalize.PENDING_NAME)
 
 
 # --- 3. the solve's memory at K2.6 --------------------------------------------------------------------------------
