@@ -18,10 +18,16 @@ last step resumes from the staging files (`pending_finalize`). The staging files
 experts: 8.9 GiB at K2.6), never statistics (85 GB per layer at K2.6): 0 bytes of statistics reach the disk unless
 `keep_stats` (a debug flag) asks for the files `requantize` reads.
 
-Propagation (docs/numerics.md, "GPTQ inside calibrate"): the next layer's inputs come from the layer as convert
-wrote it (int4-aware weights, W4A4), not from the requantized layer: the fused shards are then byte-identical to
-`calibrate --expert-stats hessian` followed by `requantize --no-recalibrate`, and the input scales are those of the
-int4-aware layers (the down_proj input scale is not refreshed for the new gate/up weights).
+Propagation (docs/numerics.md, "GPTQ inside calibrate"; `--propagation`): by default (`int4`) the next layer's
+inputs come from the layer as convert wrote it (int4-aware weights, W4A4), not from the requantized layer: the fused
+shards are then byte-identical to `calibrate --expert-stats hessian` followed by `requantize --no-recalibrate`, and
+the input scales are those of the int4-aware layers (the down_proj input scale is not refreshed for the new gate/up
+weights). `sequential` (the GPTQ paper's and llm-compressor's order) keeps the layer's solved tensors in memory
+after staging them and, before the advance pass, swaps them into the loaded layer (`advance_weights`,
+NVFP4Weights.replace_weights): the W4A4 advance pass, and so every later layer's statistics and input scales, see
+the requantized experts. The layer's own input scales are still chosen in its observe pass, with the int4-aware
+weights: the down_proj input scale was observed behind the int4-aware gate/up, not the solved ones (not
+re-observed). Under torchrun the solved tensors go from rank 0 to every rank (one layer's experts: 8.9 GiB at K2.6).
 """
 
 from __future__ import annotations
@@ -57,8 +63,12 @@ class FusedMethodHook:
 
     def __init__(self, method: str, method_options: dict[str, Any], output: Path, source: CheckpointReader,
                  out_reader: CheckpointReader, *, batch_experts: int, group_experts: int | None = None,
-                 keep_stats_dir: Path | None = None):
+                 keep_stats_dir: Path | None = None, propagation: str = "int4"):
         self.method = method
+        if propagation not in ("int4", "sequential"):
+            raise ValueError(f"propagation must be 'int4' or 'sequential', got {propagation!r}")
+        self.propagation = propagation
+        self._advance: dict[str, torch.Tensor] | None = None  # sequential: the layer's solved tensors
         self.method_options = method_options
         self.mode = expert_stats_mode_for(method)
         if self.mode.quantized:
@@ -123,11 +133,21 @@ class FusedMethodHook:
         if ctx.is_main:
             self._write_layer(layer, solved)
             clock.mark("write")
+        if self.propagation == "sequential":  # every rank's advance pass runs the solved experts
+            self._advance = ctx.broadcast_object(solved.tensors if ctx.is_main else None)
+        if ctx.is_main:
             self.counts.append(solved.counts)
             self.seconds.append(clock.seconds)
             log.info("calibrate --method %s: layer %d, %d expert group(s): %s", self.method, layer,
                      -(-n // self.group_experts), ", ".join(f"{k} {v:.1f} s" for k, v in clock.seconds.items()))
         self._observer.start_layer(layer)
+
+    def advance_weights(self, source: Any, w: Any) -> None:
+        """Before the advance pass: with sequential propagation, the layer's routed experts become the solved ones
+        (`source`: the NVFP4Weights `w` was loaded from); with int4 propagation, nothing changes."""
+        tensors, self._advance = self._advance, None
+        if tensors:
+            source.replace_weights(w, tensors)
 
     def advance_observer(self, weights: Any) -> None:
         return None
@@ -167,7 +187,8 @@ class FusedMethodHook:
         self.files[written.file] = written.sha256
 
     def record(self) -> dict[str, Any]:
-        return {"method": self.method, "batch_experts": self.batch_experts, "group_experts": self.group_experts,
+        return {"method": self.method, "propagation": self.propagation, "batch_experts": self.batch_experts,
+                "group_experts": self.group_experts,
                 "seconds_per_layer": self.seconds, "statistics_on_disk":
                 self.keep_stats_dir is not None, "layers": len(self.files)}
 
