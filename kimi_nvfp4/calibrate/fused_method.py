@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
+from safetensors.torch import load as safetensors_load, save as safetensors_save
 
 from ..checkpoint.reader import CheckpointReader
 from ..checkpoint.writer import ShardWriter, sha256_file
@@ -134,7 +135,8 @@ class FusedMethodHook:
             self._write_layer(layer, solved)
             clock.mark("write")
         if self.propagation == "sequential":  # every rank's advance pass runs the solved experts
-            self._advance = ctx.broadcast_object(solved.tensors if ctx.is_main else None)
+            self._advance = solved.tensors if not ctx.distributed else safetensors_load(ctx.broadcast_object(
+                _as_bytes(solved.tensors) if ctx.is_main else None))  # (pickle loses float8 storages)
         if ctx.is_main:
             self.counts.append(solved.counts)
             self.seconds.append(clock.seconds)
@@ -223,6 +225,11 @@ class _LayerSolve:
             return
         for key in ("dense", "diagonal_fallback", "below_diagonal_min", "without_tokens"):
             setattr(self.counts, key, getattr(self.counts, key) + getattr(counts, key))
+
+
+def _as_bytes(tensors: dict[str, torch.Tensor]) -> bytes:
+    """A layer's solved tensors as safetensors bytes (gate and up share their weight_scale_2 tensor: copied)."""
+    return safetensors_save({k: v.clone() if v.dim() == 0 else v for k, v in tensors.items()})
 
 
 def require_not_requantized(output: Path) -> None:
