@@ -267,6 +267,8 @@ def run_calibration(
         clock.mark("scales")
         if modules:
             run.scales.update(layer_scales)
+            if expert_stats is not None:  # --propagation sequential: the requantized experts advance
+                expert_stats.advance_weights(source, w)
             source.set_activations(w, "w4a4", input_scales=layer_scales)  # advance: same weights, W4A4
             if recompute_attention:
                 attended = runner.attend(layer, states, w)
@@ -389,7 +391,8 @@ def calibrate_checkpoint(
             opts.method.value, opts.method_config().model_dump(mode="json"), output, CheckpointReader(source),
             out_reader, batch_experts=solve.batch_experts,
             group_experts=min(ctx.all_gather_object(solve.group_experts)),  # every rank runs the same passes
-            keep_stats_dir=output / CALIBRATION_DIR / EXPERT_STATS_DIR if opts.keep_expert_stats else None)
+            keep_stats_dir=output / CALIBRATION_DIR / EXPERT_STATS_DIR if opts.keep_expert_stats else None,
+            propagation=opts.propagation.value)
     apply_gpu_cap(dev, opts.gpu_memory)
     announce(plan, progress and ctx.is_main)
     warn_if_snapshots_cannot_fit(plan.snapshot_bytes, output, opts.resume_every, "calibrate")

@@ -46,6 +46,10 @@ class ExpertStatsHook:
         if not self.mode.quantized:
             self._write(layer, reader, ctx)
 
+    def advance_weights(self, source: Any, w: LayerWeights) -> None:
+        """The advance pass runs the layer as loaded (FusedMethodHook may swap in solved experts)."""
+        return None
+
     def advance_observer(self, weights: LayerWeights) -> ExpertStatsObserver | None:
         """The advance pass's observer (w4a4 mode: armed with the layer's W4A4 linears), or None."""
         if not self.mode.quantized:

@@ -20,10 +20,16 @@ finalize records the staging files' digests, the method and its options in the s
 The staging files hold weights (a layer's NVFP4 experts: 8.9 GiB at K2.6), never statistics (85 GB per layer at
 K2.6): 0 bytes of statistics reach the disk unless `keep_stats` (a debug flag) asks for the files `requantize` reads.
 
-Propagation (docs/numerics.md, "GPTQ inside calibrate"): the next layer's inputs come from the layer as convert
-wrote it (int4-aware weights, W4A4), not from the requantized layer: the fused shards are then byte-identical to
-`calibrate --expert-stats hessian` followed by `requantize --no-recalibrate`, and the input scales are those of the
-int4-aware layers (the down_proj input scale is not refreshed for the new gate/up weights).
+Propagation (docs/numerics.md, "GPTQ inside calibrate"; `--propagation`): by default (`int4`) the next layer's
+inputs come from the layer as convert wrote it (int4-aware weights, W4A4), not from the requantized layer: the fused
+shards are then byte-identical to `calibrate --expert-stats hessian` followed by `requantize --no-recalibrate`, and
+the input scales are those of the int4-aware layers (the down_proj input scale is not refreshed for the new gate/up
+weights). `sequential` (the GPTQ paper's and llm-compressor's order) keeps the layer's solved tensors in memory
+after staging them and, before the advance pass, swaps them into the loaded layer (`advance_weights`,
+NVFP4Weights.replace_weights): the W4A4 advance pass, and so every later layer's statistics and input scales, see
+the requantized experts. The layer's own input scales are still chosen in its observe pass, with the int4-aware
+weights: the down_proj input scale was observed behind the int4-aware gate/up, not the solved ones (not
+re-observed). Under torchrun the solved tensors go from rank 0 to every rank (one layer's experts: 8.9 GiB at K2.6).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from safetensors.torch import load as safetensors_load, save as safetensors_save
 
 from ..checkpoint.reader import CheckpointReader
 from ..checkpoint.writer import ShardWriter
@@ -56,8 +63,12 @@ class FusedMethodHook:
 
     def __init__(self, method: str, method_options: dict[str, Any], output: Path, source: CheckpointReader,
                  out_reader: CheckpointReader, *, batch_experts: int, group_experts: int | None = None,
-                 keep_stats_dir: Path | None = None):
+                 keep_stats_dir: Path | None = None, propagation: str = "int4"):
         self.method = method
+        if propagation not in ("int4", "sequential"):
+            raise ValueError(f"propagation must be 'int4' or 'sequential', got {propagation!r}")
+        self.propagation = propagation
+        self._advance: dict[str, torch.Tensor] | None = None  # sequential: the layer's solved tensors
         self.method_options = method_options
         self.mode = expert_stats_mode_for(method)
         if self.mode.quantized:
@@ -122,11 +133,22 @@ class FusedMethodHook:
         if ctx.is_main:
             self._write_layer(layer, solved)
             clock.mark("write")
+        if self.propagation == "sequential":  # every rank's advance pass runs the solved experts
+            self._advance = solved.tensors if not ctx.distributed else safetensors_load(ctx.broadcast_object(
+                _as_bytes(solved.tensors) if ctx.is_main else None))  # (pickle loses float8 storages)
+        if ctx.is_main:
             self.counts.append(solved.counts)
             self.seconds.append(clock.seconds)
             log.info("calibrate --method %s: layer %d, %d expert group(s): %s", self.method, layer,
                      -(-n // self.group_experts), ", ".join(f"{k} {v:.1f} s" for k, v in clock.seconds.items()))
         self._observer.start_layer(layer)
+
+    def advance_weights(self, source: Any, w: Any) -> None:
+        """Before the advance pass: with sequential propagation, the layer's routed experts become the solved ones
+        (`source`: the NVFP4Weights `w` was loaded from); with int4 propagation, nothing changes."""
+        tensors, self._advance = self._advance, None
+        if tensors:
+            source.replace_weights(w, tensors)
 
     def advance_observer(self, weights: Any) -> None:
         return None
@@ -166,7 +188,8 @@ class FusedMethodHook:
         self.files[written.file] = written.sha256
 
     def record(self) -> dict[str, Any]:
-        return {"method": self.method, "batch_experts": self.batch_experts, "group_experts": self.group_experts,
+        return {"method": self.method, "propagation": self.propagation, "batch_experts": self.batch_experts,
+                "group_experts": self.group_experts,
                 "seconds_per_layer": self.seconds, "statistics_on_disk":
                 self.keep_stats_dir is not None, "layers": len(self.files)}
 
@@ -201,6 +224,11 @@ class _LayerSolve:
             return
         for key in ("dense", "diagonal_fallback", "below_diagonal_min", "without_tokens"):
             setattr(self.counts, key, getattr(self.counts, key) + getattr(counts, key))
+
+
+def _as_bytes(tensors: dict[str, torch.Tensor]) -> bytes:
+    """A layer's solved tensors as safetensors bytes (gate and up share their weight_scale_2 tensor: copied)."""
+    return safetensors_save({k: v.clone() if v.dim() == 0 else v for k, v in tensors.items()})
 
 
 __all__ = ["FUSED_DIR", "FUSED_RECORD", "FusedMethodHook", "finalize", "pending_finalize", "require_not_requantized"]

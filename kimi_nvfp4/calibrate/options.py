@@ -30,6 +30,14 @@ FusedMethod = Enum("FusedMethod", {n.upper().replace("-", "_"): n for n in FUSED
 FusedMethod.__doc__ = "Output-aware methods calibrate can solve in its layer loop ('act-diag', 'gptq')."
 
 
+class Propagation(str, Enum):
+    """With --method: which layer feeds the next one in calibrate's loop (docs/numerics.md, 'GPTQ inside
+    calibrate')."""
+
+    INT4 = "int4"  # the layer as convert wrote it (int4-aware weights)
+    SEQUENTIAL = "sequential"  # the requantized layer (sequential GPTQ: the GPTQ paper, llm-compressor)
+
+
 class CalibrateOptions(StageOptions):
     samples: int = Field(DEFAULT_SAMPLES, ge=1, description="Number of token sequences.")
     seq_len: int = Field(DEFAULT_SEQ_LEN, ge=MIN_SEQ_LEN,
@@ -66,6 +74,12 @@ class CalibrateOptions(StageOptions):
     method_options: MethodOptions = method_options_field(FUSED_METHODS)
     keep_expert_stats: bool = Field(False, description="With --method: also write the statistics files "
                                                        "(OUTPUT/calibration/expert_stats/), for debugging.")
+    propagation: Propagation = Field(
+        Propagation.INT4, description="With --method: what feeds the next layer. int4: the layer as convert wrote "
+                                      "it (int4-aware weights; the shards byte-identical to --expert-stats hessian "
+                                      "+ requantize --no-recalibrate); sequential: the requantized layer (as the "
+                                      "GPTQ paper and llm-compressor), so later layers' statistics and input scales "
+                                      "see the final model's inputs (docs/numerics.md, 'GPTQ inside calibrate').")
 
     # What decides the scales (with the data spec): `dtype` is left out, the manifest records the resolved one.
     RECORDED: ClassVar[tuple[str, ...]] = ("samples", "seq_len", "seed", "min_expert_tokens", "policy")
@@ -87,6 +101,13 @@ class CalibrateOptions(StageOptions):
             return value
         return checked_method_options(method.value, value)
 
+    @field_validator("propagation")
+    @classmethod
+    def _propagation_needs_method(cls, value: Propagation, info: ValidationInfo) -> Propagation:
+        if value is not Propagation.INT4 and info.data.get("method") is None:
+            raise ValueError("--propagation sequential needs --method")
+        return value
+
     def method_config(self) -> BaseModel | None:
         """The fused method's whole typed options (`method_options` over its defaults), None without a method."""
         return None if self.method is None else typed_method_options(self.method.value, self.method_options)
@@ -97,10 +118,11 @@ class CalibrateOptions(StageOptions):
 
     def recorded_method(self) -> dict[str, Any]:
         """`method` and its whole options where a method is fused in: absent otherwise, so records written before
-        the option existed still match."""
+        the option existed still match; likewise `propagation`, recorded only where it is not the default (int4)."""
         if self.method is None:
             return {}
-        return {"method": self.method.value, "method_options": self.method_config().model_dump(mode="json")}
+        return {"method": self.method.value, "method_options": self.method_config().model_dump(mode="json"),
+                **({} if self.propagation is Propagation.INT4 else {"propagation": self.propagation.value})}
 
     def recorded_expert_stats(self) -> dict[str, Any]:
         """`expert_stats` where it is on: absent at `none`, so records written before it existed still match."""

@@ -25,7 +25,7 @@ other input scales without reloading or re-dequantizing it (calibrate: observe W
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 import torch
@@ -156,6 +156,45 @@ class Nvfp4LinearBuilder:
                 for p, r in projs.items():
                     act[r.rel] = scales[r.rel] if p == "down_proj" else w13_scale
         return act
+
+
+def replace_weights(linears: list[NVFP4Linear], new: Mapping[str, Mapping[str, torch.Tensor]]) -> int:
+    """Give already built linears other weights: `new` maps a module (`mlp.experts.3.gate_proj`) to its
+    `weight`, `weight_scale` and `weight_scale_2`. The loading rules are applied again over each touched group
+    (up_proj takes gate_proj's weight_scale_2), on the group's device; activation mode and input scales are kept;
+    a materialized linear is dequantized again from its new weight. Returns the number of linears replaced.
+    (calibrate --method gptq --propagation sequential: the advance pass runs the requantized experts.)"""
+    by_module = {lin.module: lin for lin in linears}
+    unknown = sorted(set(new) - set(by_module))
+    if unknown:
+        raise ValueError(f"no loaded NVFP4 linear {unknown[0]} (of {len(unknown)}) to replace the weights of")
+    groups: dict[int, Nvfp4Group] = {}
+    for module in new:
+        group = getattr(by_module[module], "group", None)
+        if group is None:
+            raise ValueError(f"{module}: not built by Nvfp4LinearBuilder, its weights cannot be replaced")
+        groups[id(group)] = group
+    for group in groups.values():
+        for i, r in enumerate(group.raw):
+            if r.rel in new:
+                t = new[r.rel]
+                group.raw[i] = replace(
+                    r, weight=t["weight"].to(r.weight.device),
+                    weight_scale=t["weight_scale"].to(r.weight_scale.device),
+                    weight_scale_2=t["weight_scale_2"].to(device=r.weight_scale_2.device, dtype=torch.float32))
+        if group.experts:
+            scale_2 = _expert_weight_scales_2(group.raw)
+        else:
+            scale_2 = {r.rel: _max([x.weight_scale_2 for x in group.raw]) for r in group.raw}
+        for r in group.raw:
+            lin = by_module.get(r.rel)
+            if lin is None:
+                continue
+            lin.tensor = NVFP4Tensor(weight=r.weight, weight_scale=r.weight_scale, weight_scale_2=scale_2[r.rel])
+            if lin.materialized:
+                lin.drop_materialized()
+                lin.materialize()
+    return len(new)
 
 
 def _by_expert(raw: list[RawNvfp4]) -> dict[int, dict[str, RawNvfp4]]:

@@ -26,7 +26,7 @@ from ..errors import CheckpointError, UnsupportedCheckpointError
 from ..numerics.constants import INT4_GROUP_SIZE, INT4_PER_INT32, NVFP4_BLOCK_SIZE
 from .layer_weights import AttentionWeights, LayerWeights, MLPWeights, MoEWeights
 from .linear import DenseLinear, Int4Linear, Linear, NVFP4Linear
-from .nvfp4_linears import InputScaleReduction, Nvfp4LinearBuilder, RawNvfp4
+from .nvfp4_linears import InputScaleReduction, Nvfp4LinearBuilder, RawNvfp4, replace_weights
 
 
 def upload(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
@@ -319,6 +319,22 @@ class NVFP4Weights(_CheckpointWeights):
         overrides = {**self.builder.overrides, **_normalise_scale_keys(input_scales or {}, self.layout.text_prefix)}
         builder = Nvfp4LinearBuilder(activations=activations, reduction=self.builder.reduction, overrides=overrides)
         builder.reconfigure([lin for lin in w.linears() if isinstance(lin, NVFP4Linear)])
+
+    def replace_weights(self, w: LayerWeights, tensors: Mapping[str, torch.Tensor]) -> int:
+        """Replace NVFP4 weights of an already loaded layer `w` with `tensors` (checkpoint names,
+        `...layers.N.mlp.experts.3.gate_proj.weight` / `.weight_scale` / `.weight_scale_2`, each module's three),
+        keeping its activation mode and input scales (nvfp4_linears.replace_weights). Returns the linears replaced."""
+        prefix = self.layout.layer_prefix(w.index)
+        new: dict[str, dict[str, torch.Tensor]] = {}
+        for name, value in tensors.items():
+            if not name.startswith(prefix):
+                raise ValueError(f"{name}: not a tensor of layer {w.index}")
+            module, _, suffix = name[len(prefix):].rpartition(".")
+            new.setdefault(module, {})[suffix] = value
+        for module, parts in new.items():
+            if set(parts) != {"weight", "weight_scale", "weight_scale_2"}:
+                raise ValueError(f"{prefix}{module}: needs weight, weight_scale and weight_scale_2, got {sorted(parts)}")
+        return replace_weights([lin for lin in w.linears() if isinstance(lin, NVFP4Linear)], new)
 
 
 def _normalise_scale_keys(scales: Mapping[str, Any], text_prefix: str) -> dict[str, torch.Tensor]:
