@@ -11,7 +11,7 @@ import torch
 from click.testing import CliRunner
 
 from kimi_nvfp4.calibrate import ExpertPolicy, calibrate_checkpoint
-from kimi_nvfp4.calibrate.api import _layer_scales, quantized_modules, run_calibration
+from kimi_nvfp4.calibrate.layer_loop import _layer_scales, quantized_modules, run_calibration
 from kimi_nvfp4.stage_kit.device import resolve_dtype
 from kimi_nvfp4.calibrate.report import CalibrationReport, CalibrationSettings
 from kimi_nvfp4.calibrate.stats import ActivationCollector
