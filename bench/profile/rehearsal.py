@@ -252,9 +252,17 @@ def _args():
 
 
 def main() -> dict:
+    # the handler is the run's own: restored on return, so a caller (a test, another script) keeps its SIGTERM
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        return _main()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _main() -> dict:
     args = _args()
     started = time.perf_counter()
-    signal.signal(signal.SIGTERM, _on_sigterm)
     work = args.work_dir.resolve()
     name = f"{args.preset}_{args.layers}l_{args.experts}e" + (f"_{args.vocab_size}v" if args.vocab_size else "")
     src_root = args.source_dir.resolve() if args.source_dir else work / "src"

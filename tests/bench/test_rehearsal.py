@@ -70,3 +70,15 @@ def test_a_stage_past_its_timeout_is_recorded(tmp_path):
     assert entry["timed_out"] is True and entry["exit_code"] is None and entry["wall_s"] < 20
     failed = rehearsal.run_stage("fail", [sys.executable, "-c", "import sys; sys.exit('boom')"], 30.0, tmp_path)
     assert failed["exit_code"] == 1 and failed["stderr_tail"] == ["boom"]
+
+
+def test_the_rehearsal_restores_the_callers_sigterm_handler(monkeypatch):
+    """Its SIGTERM handler (stop the stage, write what finished) lives only while it runs: a test process or any
+    caller importing and running it keeps its own afterwards (a leaked handler once turned pytest's SIGTERM into
+    the rehearsal's exception)."""
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(rehearsal, "_main", lambda: {"ran": True})
+    assert rehearsal.main() == {"ran": True}
+    assert signal.getsignal(signal.SIGTERM) is before
