@@ -99,7 +99,7 @@ def draw_settings(args, **calibration) -> dict:
 
 
 def _runner(source) -> LayerStreamRunner:
-    return LayerStreamRunner(source, **_runner_kwargs(DEVICE, None, None, DTYPE, False))
+    return LayerStreamRunner(source, **_runner_kwargs(DEVICE, None, None, DTYPE, False, False))
 
 
 def figures(c: TokenComparison) -> dict[str, float]:

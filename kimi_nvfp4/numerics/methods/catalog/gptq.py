@@ -6,7 +6,8 @@ quantized through the Cholesky factor of the dampened inverse Hessian (`output_a
 over experts. H is first pulled toward its diagonal as far as its own sampling noise says
 (`ExpertInputStats.hessian_shrinkage`, Ledoit-Wolf with a diagonal target, times `shrinkage_scale`): with few tokens per input channel a
 raw H makes GPTQ fit the calibration rows' noise (measured: bench/quality/output_aware.py --token-sweep). Experts whose statistics fall back to a diagonal (too few tokens, `output_aware/refine.py`) get
-act-diag. The driver keeps int4-aware's result for any matrix whose `tr((W - Q) H (W - Q)^T)` would not be
+act-diag. Options (off by default): `pool_tokens` blends a gate/up H with the layer's all-token H, `block_order`
+quantizes whole 16-column blocks by decreasing input energy (docs/numerics.md, measured there). The driver keeps int4-aware's result for any matrix whose `tr((W - Q) H (W - Q)^T)` would not be
 smaller. CPU is the reference; GPU results can differ in rare codes (BLAS summation order).
 """
 
