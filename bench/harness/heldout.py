@@ -99,7 +99,8 @@ def draw_settings(args, **calibration) -> dict:
 
 
 def _runner(source) -> LayerStreamRunner:
-    return LayerStreamRunner(source, **_runner_kwargs(DEVICE, None, None, DTYPE, False, "auto"))
+    # materialize False: the runner's default (on the CPU "auto" decides the same: per chunk)
+    return LayerStreamRunner(source, **_runner_kwargs(DEVICE, None, None, DTYPE, False, False))
 
 
 def figures(c: TokenComparison) -> dict[str, float]:

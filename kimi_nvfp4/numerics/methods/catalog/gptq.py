@@ -6,7 +6,8 @@ quantized through the Cholesky factor of the dampened inverse Hessian (`output_a
 over experts. H is first pulled toward its diagonal as far as its own sampling noise says
 (`ExpertInputStats.hessian_shrinkage`, Ledoit-Wolf with a diagonal target, times `shrinkage_scale`): with few tokens per input channel a
 raw H makes GPTQ fit the calibration rows' noise (measured: bench/quality/output_aware.py --token-sweep). Experts whose statistics fall back to a diagonal (too few tokens, `output_aware/refine.py`) get
-act-diag. The driver keeps int4-aware's result for any matrix whose `tr((W - Q) H (W - Q)^T)` would not be
+act-diag. Options (off by default): `pool_tokens` blends a gate/up H with the layer's all-token H, `block_order`
+quantizes whole 16-column blocks by decreasing input energy (docs/numerics.md, measured there). The driver keeps int4-aware's result for any matrix whose `tr((W - Q) H (W - Q)^T)` would not be
 smaller. CPU is the reference; GPU results can differ in rare codes (BLAS summation order).
 """
 
@@ -44,6 +45,11 @@ class GptqOptions(ActDiagOptions):
     scale_window: tuple[int, int] = Field(gptq_solver.SCALE_WINDOW, description="lowest,highest E4M3 bit offset "
                                                                                 "tried around a block's amax/6 scale")
     fused_kernel: bool = Field(True, description="on CUDA, a block's 16 column steps as one Triton kernel (same bits)")
+    pool_tokens: float = Field(0.0, ge=0, description="gate/up: an expert's (shrunk) H blended with the layer's "
+                                                      "all-token H as (n H + k H_pool) / (n + k), k this many "
+                                                      "tokens (0: the expert's own H; gptq only)")
+    block_order: bool = Field(False, description="quantize each expert's 16-column blocks by decreasing input "
+                                                 "energy (act-order with the NVFP4 scale groups kept whole)")
 
     @field_validator("scale_window", mode="before")
     @classmethod
@@ -62,20 +68,32 @@ class GptqOptions(ActDiagOptions):
     def solver_keywords(self) -> dict[str, Any]:
         """The keywords of `gptq_solver.gptq_quantize` these options set."""
         return dict(block_columns=self.block_columns, damping=self.damping, retries=self.damping_retries,
-                    growth=self.damping_growth, scale_window=self.scale_window, fused=self.fused_kernel)
+                    growth=self.damping_growth, scale_window=self.scale_window, fused=self.fused_kernel,
+                    block_order=self.block_order)
 
     def shrinkage(self, item: RefineInput) -> float:
         """The weight of diag(H) in the shrunk H: the statistics' own estimate times `shrinkage_scale`, at most 1."""
         return min(1.0, self.shrinkage_scale * item.stats.hessian_shrinkage())
 
 
-def _shrunk_hessian(item: RefineInput, options: GptqOptions | None = None) -> torch.Tensor:
-    """H pulled toward its diagonal by the statistics' own noise estimate (`ExpertInputStats.hessian_shrinkage`)."""
-    hessian = item.stats.hessian
-    weight = (options or GptqOptions()).shrinkage(item)
+def _toward_diagonal(hessian: torch.Tensor, weight: float) -> torch.Tensor:
     if weight == 0.0:
         return hessian
     return (1.0 - weight) * hessian + weight * torch.diag(hessian.diagonal())
+
+
+def _shrunk_hessian(item: RefineInput, options: GptqOptions | None = None) -> torch.Tensor:
+    """H pulled toward its diagonal by the statistics' own noise estimate (`ExpertInputStats.hessian_shrinkage`);
+    with `pool_tokens` k > 0 and the layer's all-token statistics at hand (gate/up), blended with their H (shrunk
+    the same way) as `(n H + k H_pool) / (n + k)`, n the expert's tokens: a prior worth k tokens."""
+    options = options or GptqOptions()
+    hessian = _toward_diagonal(item.stats.hessian, options.shrinkage(item))
+    shared = item.shared
+    if options.pool_tokens == 0 or shared is None or shared.hessian is None:
+        return hessian
+    pool = _toward_diagonal(shared.hessian, min(1.0, options.shrinkage_scale * shared.hessian_shrinkage()))
+    tokens, k = item.stats.tokens, options.pool_tokens
+    return (tokens * hessian + k * pool.to(hessian.device)) / (tokens + k)
 
 
 def refine_dense(items: Sequence[RefineInput], options: GptqOptions | None = None) -> list[list[NVFP4Tensor]]:

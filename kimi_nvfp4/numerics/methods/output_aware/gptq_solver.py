@@ -38,6 +38,7 @@ __all__ = [
     "DAMPING_RETRIES",
     "HESSIAN_DAMPING",
     "SCALE_WINDOW",
+    "block_energy_order",
     "dampened_cholesky",
     "gptq_quantize",
     "inverse_hessian_factor",
@@ -173,13 +174,45 @@ def _fused_block_kernel(device: torch.device, fused: bool):
     return triton_module("gptq_block_kernel")
 
 
+def block_energy_order(hessian: torch.Tensor) -> torch.Tensor:
+    """int64 `[E, in/16]`: per expert, its 16-column NVFP4 blocks by decreasing input energy (the sum of diag H
+    over the block's columns; ties in block order). GPTQ's act-order at the granularity that keeps every NVFP4
+    scale group's 16 columns together."""
+    experts, in_features = hessian.shape[0], hessian.shape[-1]
+    energy = hessian.diagonal(dim1=-2, dim2=-1).reshape(experts, in_features // NVFP4_BLOCK_SIZE, NVFP4_BLOCK_SIZE)
+    return torch.sort(energy.sum(dim=-1), dim=-1, descending=True, stable=True).indices
+
+
+def _block_ordered(
+    weight: torch.Tensor, hessian: torch.Tensor, weight_scale_2: torch.Tensor, search_bits: torch.Tensor,
+    **keywords,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`gptq_quantize` with each expert's blocks in `block_energy_order` (columns permuted block-wise, the codes
+    and block scales put back in input order afterwards)."""
+    experts, rows, in_features = weight.shape
+    blocks = block_energy_order(hessian)  # [E, B]
+    columns = (blocks.unsqueeze(-1) * NVFP4_BLOCK_SIZE
+               + torch.arange(NVFP4_BLOCK_SIZE, device=blocks.device)).reshape(experts, in_features)
+    by_row = columns.unsqueeze(1).expand(-1, rows, -1)
+    h = torch.gather(hessian, 1, columns.unsqueeze(-1).expand(-1, -1, in_features))
+    h = torch.gather(h, 2, columns.unsqueeze(1).expand(-1, in_features, -1))
+    blocks_by_row = blocks.unsqueeze(1).expand(-1, rows, -1)
+    codes, bits, ok = gptq_quantize(torch.gather(weight, 2, by_row), h, weight_scale_2,
+                                    torch.gather(search_bits, 2, blocks_by_row), block_order=False, **keywords)
+    return (torch.empty_like(codes).scatter_(2, by_row, codes), torch.empty_like(bits).scatter_(2, blocks_by_row, bits),
+            ok)
+
+
 def gptq_quantize(
     weight: torch.Tensor, hessian: torch.Tensor, weight_scale_2: torch.Tensor, search_bits: torch.Tensor,
     *, block_columns: int = BLOCK_COLUMNS, damping: float = HESSIAN_DAMPING, retries: int = DAMPING_RETRIES,
     growth: float = DAMPING_GROWTH, scale_window: tuple[int, int] = SCALE_WINDOW, fused: bool | None = None,
+    block_order: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """GPTQ over a batch of experts (module docstring). The keywords are `catalog/gptq.py`'s `GptqOptions`
-    (their defaults are this module's constants; `fused=None` means USE_FUSED_GPTQ).
+    (their defaults are this module's constants; `fused=None` means USE_FUSED_GPTQ). `block_order`: quantize each
+    expert's 16-column blocks by decreasing input energy instead of in input order (`block_energy_order`; the
+    NVFP4 scale groups are unchanged, only the order in which errors are pushed onto the others).
 
     :param weight: float64 `[E, R, in]`, the exact INT4 values (rows of the matrices sharing this input).
     :param hessian: float64 `[E, in, in]`, `X^T X / n` per expert (undampened).
@@ -190,6 +223,9 @@ def gptq_quantize(
     """
     if block_columns % NVFP4_BLOCK_SIZE:
         raise ValueError(f"block_columns {block_columns} is not a multiple of {NVFP4_BLOCK_SIZE}")
+    if block_order:
+        return _block_ordered(weight, hessian, weight_scale_2, search_bits, block_columns=block_columns,
+                              damping=damping, retries=retries, growth=growth, scale_window=scale_window, fused=fused)
     experts, rows, in_features = weight.shape
     upper, ok = inverse_hessian_factor(hessian, damping, retries=retries, growth=growth)
     upper = upper.to(weight.dtype)

@@ -80,11 +80,16 @@ class ExpertMatrices:
 @dataclass
 class RefineInput:
     """What a method's `refine` receives per expert: the INT4 matrices, the search's NVFP4 tensors (one tensor
-    scale), and the statistics to optimise against (after the fallback; dense or diagonal)."""
+    scale), and the statistics to optimise against (after the fallback; dense or diagonal).
+
+    :param shared: where `stats` are the expert's own, the layer's statistics of the same input over all tokens
+        (`ExpertMatrices.shared_stats`, gate/up only; on their own device, not moved), which a method may pool
+        with the expert's (gptq's `pool_tokens`); None otherwise."""
 
     matrices: list[Int4Matrix]
     search: list[NVFP4Tensor]
     stats: ExpertInputStats
+    shared: ExpertInputStats | None = None
 
 
 Refiner = Callable[[Sequence[RefineInput]], list[list[NVFP4Tensor]]]
@@ -162,7 +167,9 @@ def refine_experts(
             continue
         results.append(None)
         key = (tuple(m.shape for m in mats), stats.hessian is not None, mats[0].device)
-        pending.setdefault(key, []).append((index, RefineInput(mats, searched, stats.to(mats[0].device))))
+        own = source in (StatisticsSource.EXPERT_DENSE, StatisticsSource.EXPERT_DIAGONAL)
+        pending.setdefault(key, []).append(
+            (index, RefineInput(mats, searched, stats.to(mats[0].device), expert.shared_stats if own else None)))
         sources[index] = source
     for items in pending.values():
         for start in range(0, len(items), batch_experts):
