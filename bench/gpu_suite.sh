@@ -20,6 +20,8 @@
 #   batch-invariance     batch invariance's cost on one K2.6 layer
 #   rehearsal            synth -> convert -> calibrate -> validate at K2.6's full depth (61 layers, 8 experts), CLI
 #                        defaults (\$REHEARSAL_ARGS adds options, e.g. --calibrate-args "--samples 64")
+#   fused-gptq-k26       calibrate --method gptq on one 384-expert K2.6 layer at 512 x 2048 (expert groups, the solve),
+#                        per-phase seconds logged as each layer ends (\$FUSED_ARGS adds options, e.g. --skip-plain)
 set -u
 part=$1; out=${2:-/tmp/gpu_suite}; mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -155,6 +157,12 @@ case $part in
     # --total-timeout keeps the run inside the step's timeout, so the result file records where it stopped.
     step rehearsal 560 python3 -m bench.profile.rehearsal --source-dir /dev/shm/k26_src --work-dir /tmp/rehearsal --layers 61 \
       --experts 8 --device cuda --synth-device cuda --total-timeout 540 --json "$out/rehearsal.json" ${REHEARSAL_ARGS:-}
+    ;;
+  fused-gptq-k26)
+    # Issue 26: calibrate alone and calibrate --method gptq in one run on the same folder; the method's per-phase
+    # seconds per layer are logged (fused_method.py) even when the step's timeout stops the final shard rewrite.
+    step fused_gptq_k26 560 python3 -m bench.speed.fused_gptq_k26 --work-dir /tmp/kimi_fused \
+      --json "$out/fused_gptq_k26.json" ${FUSED_ARGS:-}
     ;;
   *)
     echo "unknown part: $part (see the list at the top of bench/gpu_suite.sh)" >&2; exit 2
