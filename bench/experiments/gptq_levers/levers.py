@@ -28,6 +28,7 @@ from pathlib import Path
 
 from bench.harness.heldout import draw_spread
 from bench.harness.layer_error import expert_layer_errors
+from bench.harness.prepared import PreparedFolders
 from bench.harness.provenance import demo_cpu_header
 from bench.harness.heldout import add_draw_arguments, draw_settings, heldout_figures, heldout_sequences
 
@@ -83,14 +84,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     calibration = dict(samples=args.samples, seq_len=args.seq_len, min_expert_tokens=args.min_expert_tokens,
                        device="cpu", progress=False)
-    seconds = {}
-
-    def timed(key, fn, *a, **k):
-        t0 = time.perf_counter()
-        out = fn(*a, **k)
-        seconds[key] = time.perf_counter() - t0
-        print(json.dumps({"prepared": key, "seconds": seconds[key]}), flush=True)
-        return out
+    timed = PreparedFolders()
 
     base = timed("calibrate", _calibrated, work, "int4-aware+hessian", args.data, calibration, "hessian")
     big = timed("calibrate x4", _calibrated, work, "int4-aware+hessian+x4", args.data,
@@ -129,7 +123,7 @@ def main() -> None:
         "settings": {**draw_settings(args), "other_seed": args.other_seed, "damping_factor": DAMPING_FACTOR,
                      "shrinkage_factor": SHRINKAGE_FACTOR, "calibration_factor": CALIBRATION_FACTOR,
                      "method_options": levers},
-        "prepare_seconds": seconds, "rows": rows, "summary": summary,
+        "prepare_seconds": timed.seconds, "rows": rows, "summary": summary,
         "total_seconds": time.perf_counter() - started,
     }, indent=2))
 

@@ -26,6 +26,7 @@ import torch
 from bench.experiments.gptq_levers.levers import _calibrated, _requantized
 from bench.harness.heldout import add_draw_arguments, draw_settings, draw_spread, heldout_figures, heldout_sequences
 from bench.harness.layer_error import expert_layer_errors
+from bench.harness.prepared import PreparedFolders
 from bench.harness.provenance import demo_cpu_header
 from bench.harness.results import write_result
 
@@ -168,17 +169,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     calibration = dict(samples=args.samples, seq_len=args.seq_len, min_expert_tokens=args.min_expert_tokens,
                        device="cpu", progress=False)
-    seconds = {}
-
-    def timed(key, fn, *a, **k):
-        if args.reuse and (work / a[1]).exists():
-            seconds[key] = None
-            return work / a[1]
-        t0 = time.perf_counter()
-        out = fn(*a, **k)
-        seconds[key] = time.perf_counter() - t0
-        print(json.dumps({"prepared": key, "seconds": seconds[key]}), flush=True)
-        return out
+    timed = PreparedFolders(Path.exists if args.reuse else None)
 
     base = timed("calibrate", _calibrated, work, "int4-aware+hessian", args.data, calibration, "hessian")
     other = timed("other statistics", _calibrated, work, "int4-aware+w4a4+other", args.data, calibration, "w4a4",
@@ -221,7 +212,7 @@ def main() -> None:
                      "reference": {"file": str(FLOOR_FILE), "floor_row": FLOOR_ROW,
                                    "gptq_reproduced_exactly": gptq_reproduced}},
         "reference_draws": refs,
-        "prepare_seconds": seconds, "rows": rows, "summary": summary,
+        "prepare_seconds": timed.seconds, "rows": rows, "summary": summary,
         "total_seconds": time.perf_counter() - started,
     })
     print(json.dumps([{k: s[k] for k in ("row", "w4a16_kl_vs_amax", "w4a4_weight_part_vs_amax",

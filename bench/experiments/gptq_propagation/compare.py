@@ -31,6 +31,7 @@ from pathlib import Path
 
 from bench.harness.heldout import add_draw_arguments, draw_settings, draw_spread, heldout_figures, \
     heldout_sequences, prepare_method
+from bench.harness.prepared import PreparedFolders, calibrated_folder
 from bench.harness.results import bench_parser, write_result
 
 ROWS = ("amax", "int4-aware", "gptq, int4 propagation", "gptq, sequential propagation",
@@ -82,16 +83,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     calibration = dict(samples=args.samples, seq_len=args.seq_len, min_expert_tokens=args.min_expert_tokens,
                        device="cpu", progress=False)
-    seconds: dict[str, float] = {}
-
-    def timed(key, fn, *a, **k):
-        if args.reuse and len(a) > 1 and (a[0] / a[1] / "model-input-scales.safetensors").is_file():
-            return a[0] / a[1]
-        t0 = time.perf_counter()
-        out = fn(*a, **k)
-        seconds[key] = time.perf_counter() - t0
-        print(json.dumps({"prepared": key, "seconds": round(seconds[key], 1)}), flush=True)
-        return out
+    timed = PreparedFolders(calibrated_folder if args.reuse else None)
 
     checkpoints = {
         "amax": timed("amax", _calibrated, work, "amax", args.data, calibration, method="amax"),
@@ -142,7 +134,7 @@ def main() -> None:
         "model": "demo (kimi_nvfp4/assets/tiny_k2)",
         "settings": {**draw_settings(args, min_expert_tokens=args.min_expert_tokens),
                      "floor_file": str(args.floor) if floor else None},
-        "prepare_seconds": seconds, "rows": rows, "summary": summary,
+        "prepare_seconds": timed.seconds, "rows": rows, "summary": summary,
         "sequential_over_int4": {"per_draw": paired, "draws_sequential_better": wins, "draws": len(paired)},
         "total_seconds": time.perf_counter() - started,
     }, device="cpu")
