@@ -21,7 +21,6 @@ dense layer, at the experts per layer of this run (K2.6 has 384), printed only w
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import shutil
 import signal
@@ -34,11 +33,13 @@ from pathlib import Path
 
 from bench.harness.results import bench_parser, write_result
 from bench.speed.disk_write_rate import write_rate
+from kimi_nvfp4.serve_check.launcher import terminate_process_group
 
 K26_MOE_LAYERS = 60
 SYNTH_DONE = "rehearsal_synth.json"  # beside SRC: the synth arguments of a finished checkpoint
 POLL_SECONDS = 0.5
 STDERR_TAIL_LINES = 40
+STAGE_STOP_GRACE_S = 10.0  # a stage stopped at its timeout: SIGTERM, then SIGKILL after this
 
 
 class Interrupted(Exception):
@@ -153,16 +154,7 @@ def run_stage(name: str, argv: list[str], timeout: float, logs: Path) -> dict:
 
 def _stop(proc: subprocess.Popen) -> None:
     """SIGTERM the stage's process group (its own session), SIGKILL it after 10 s."""
-    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    terminate_process_group(proc, STAGE_STOP_GRACE_S)
 
 
 def stage_report(path: Path) -> dict | None:

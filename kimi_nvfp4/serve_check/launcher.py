@@ -43,6 +43,20 @@ FATAL_LOG_PATTERNS: tuple[str, ...] = (
 )
 
 
+
+def terminate_process_group(proc: subprocess.Popen, grace_s: float) -> None:
+    """SIGTERM `proc`'s process group (it leads its own session), SIGKILL it if it has not ended after `grace_s`."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
 class ServerLaunchError(KimiNvfp4Error):
     """The server process died, logged a fatal error, or never became ready."""
 
@@ -146,16 +160,7 @@ class ManagedServer:
         if proc is None:
             return None
         if proc.poll() is None:
-            for sig, wait_s in ((signal.SIGTERM, TERMINATE_GRACE_S), (signal.SIGKILL, TERMINATE_GRACE_S)):
-                try:
-                    os.killpg(proc.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    proc.wait(timeout=wait_s)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
+            terminate_process_group(proc, TERMINATE_GRACE_S)
         else:
             # the leader is gone but children it spawned may linger in its group
             try:
