@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from pathlib import Path
 from collections.abc import Callable
 from typing import Any
@@ -45,6 +44,7 @@ import torch
 from safetensors.torch import load as safetensors_load, save as safetensors_save
 
 from ..checkpoint.reader import CheckpointReader
+from ..stage_kit.device import PhaseClock
 from ..checkpoint.writer import ShardWriter
 from ..errors import ResourceError
 from .expert_stats import DOWN, GATE_UP, CollectorWithExpertStats, ExpertStatsObserver, \
@@ -112,7 +112,7 @@ class FusedMethodHook:
         n = cfg.n_routed_experts
         widths = {GATE_UP: cfg.hidden_size, DOWN: cfg.moe_intermediate_size}
         solved = _LayerSolve()
-        clock = _Clock(self._device)
+        clock = PhaseClock(self._device)
         for lo in range(0, n, self.group_experts):
             if lo:
                 if rerun is None:
@@ -138,7 +138,7 @@ class FusedMethodHook:
                 _as_bytes(solved.tensors) if ctx.is_main else None))  # (pickle loses float8 storages)
         if ctx.is_main:
             self.counts.append(solved.counts)
-            self.seconds.append(clock.seconds)
+            self.seconds.append({phase: round(v, 3) for phase, v in clock.seconds.items()})
             log.info("calibrate --method %s: layer %d, %d expert group(s): %s", self.method, layer,
                      -(-n // self.group_experts), ", ".join(f"{k} {v:.1f} s" for k, v in clock.seconds.items()))
         self._observer.start_layer(layer)
@@ -192,20 +192,6 @@ class FusedMethodHook:
                 "group_experts": self.group_experts,
                 "seconds_per_layer": self.seconds, "statistics_on_disk":
                 self.keep_stats_dir is not None, "layers": len(self.files)}
-
-
-class _Clock:
-    """Seconds per phase of one layer's solve (the device synchronized at each mark, so GPU work is counted)."""
-
-    def __init__(self, device: torch.device):
-        self.device, self.seconds, self._t = device, {}, time.perf_counter()
-
-    def mark(self, phase: str) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        now = time.perf_counter()
-        self.seconds[phase] = round(self.seconds.get(phase, 0.0) + now - self._t, 3)
-        self._t = now
 
 
 class _LayerSolve:
