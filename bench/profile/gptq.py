@@ -2,7 +2,7 @@
 on the H200, 78% of it in gate/up's 7,168-wide Hessians).
 
 Times `gptq_solver.gptq_quantize` on `--experts` experts of one input kind with synthetic INT4-grid weights and a
-well-conditioned Hessian (random, not calibration statistics: timing only), split into the inverse-Hessian factor
+well-conditioned Hessian (random, not calibration statistics: timing only), split into the Hessian's Cholesky factor
 and the column loop, with torch.profiler's top CUDA kernels by count and time for the column loop.
 
     python -m bench.profile.gptq --device cuda --experts 16 --kind gate_up --json bench/results/profile_gptq_h200.json
@@ -65,7 +65,7 @@ def main() -> None:
     gptq_solver.gptq_quantize(weight[:1, :64], hessian[:1], scale_2[:1], search_bits[:1, :64])  # warm-up
     _sync(device)
     t0 = time.perf_counter()
-    gptq_solver.inverse_hessian_factor(hessian)
+    gptq_solver.hessian_factor(hessian)
     _sync(device)
     factor_s = time.perf_counter() - t0
     t0 = time.perf_counter()

@@ -20,7 +20,7 @@ from kimi_nvfp4.numerics.methods.output_aware.gptq_solver import (
     HESSIAN_DAMPING,
     SCALE_WINDOW,
     gptq_quantize,
-    inverse_hessian_factor,
+    hessian_factor,
 )
 from kimi_nvfp4.numerics.methods.output_aware.output_error import output_error
 
@@ -163,15 +163,16 @@ def test_the_hessian_is_shrunk_toward_its_diagonal_by_its_noise():
     assert torch.allclose(shrunk[off], (1 - weight) * stats.hessian[off])
 
 
-def test_the_inverse_factor_survives_singular_and_dead_hessians():
+def test_the_factor_survives_singular_and_dead_hessians():
     x = heavy_tailed_rows(10, 64, seed=12)  # rank 10 < 64
     hessian = x.double().t() @ x.double() / 10
     hessian[5, :] = 0
     hessian[:, 5] = 0  # a channel calibration never excited
-    upper, ok = inverse_hessian_factor(torch.stack([hessian, torch.zeros(64, 64, dtype=torch.float64)]))
+    upper, ok = hessian_factor(torch.stack([hessian, torch.zeros(64, 64, dtype=torch.float64)]))
     assert bool(ok.all()) and bool(torch.isfinite(upper).all())
     assert torch.allclose(torch.triu(upper[0]), upper[0])
     assert float(upper[0, 5, 6:].abs().max()) == 0.0  # nothing propagates from a dead channel
+    assert float(upper[0, :5, 5].abs().max()) == 0.0  # nor onto it
 
 
 def test_a_pack_of_the_codes_is_the_stored_weight():

@@ -1,10 +1,11 @@
-"""The batched GPTQ solver (`gptq_solver.gptq_quantize`: one batched dampened Cholesky, one batched triangular
-solve and batched column steps over an expert dimension, no per-expert Python loop) against the per-expert float64
-oracle (`reference_gptq` in test_gptq.py: column by column, explicit inverse, one expert at a time).
+"""The batched GPTQ solver (`gptq_solver.gptq_quantize`: one batched dampened Cholesky and batched column steps
+over an expert dimension, no per-expert Python loop, no inverse) against the per-expert float64 oracle
+(`reference_gptq` in test_gptq.py: column by column, GPTQ's own form with the Cholesky factor U of an explicit
+inverse Hessian, one expert at a time).
 
 Tolerance, stated: on the CPU in float64 the batch gives the oracle's E2M1 codes and E4M3 block-scale bits exactly
-(0 differing codes); the inverse Hessian's Cholesky factor agrees with the oracle's to 1e-9 relative (the two
-compute it by different factorisations, so only rounding separates them)."""
+(0 differing codes); the solver's factor R is the inverse of the oracle's U to 1e-9 relative (the two compute
+it by different factorisations, so only rounding separates them)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 
 from kimi_nvfp4.numerics.methods import InputStatsAccumulator, quantize_int4_matrices
 from kimi_nvfp4.numerics.methods.catalog.gptq import GptqOptions
-from kimi_nvfp4.numerics.methods.output_aware.gptq_solver import gptq_quantize, inverse_hessian_factor
+from kimi_nvfp4.numerics.methods.output_aware.gptq_solver import gptq_quantize, hessian_factor
 
 from .conftest import heavy_tailed_rows, realistic_int4
 from .test_gptq import reference_gptq
@@ -47,12 +48,14 @@ def _oracle_factor(hessian: torch.Tensor, damping: float) -> torch.Tensor:
     return torch.linalg.cholesky(torch.linalg.inv(h), upper=True)
 
 
-def test_the_batched_inverse_factor_equals_the_per_expert_oracle():
+def test_the_batched_factor_is_the_inverse_of_the_per_expert_oracle():
+    """R R^T is the dampened H, and R = U^-1 for GPTQ's U = chol(H^-1) upper: the identity the solver rests on."""
     _, hessians, _, _ = _batch()
-    upper, ok = inverse_hessian_factor(hessians, 0.01)
+    upper, ok = hessian_factor(hessians, 0.01)
     assert bool(ok.all())
+    assert torch.equal(torch.triu(upper), upper)
     for e in range(EXPERTS):
-        want = _oracle_factor(hessians[e], 0.01)
+        want = torch.linalg.inv(_oracle_factor(hessians[e], 0.01))
         assert torch.allclose(upper[e], want, rtol=FACTOR_RTOL, atol=FACTOR_RTOL * float(want.abs().max())), e
 
 

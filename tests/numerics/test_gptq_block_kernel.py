@@ -1,4 +1,4 @@
-"""The fused GPTQ block kernel (`numerics.gptq_block_kernel`) equals the torch column loop bit for bit (codes and
+"""The fused GPTQ block kernel (`numerics.gptq_block_kernel`) equals the torch block step bit for bit (codes, scales and
 errors), and the whole solver gives the same codes and block scales with and without it.
 
 Where Triton is installed without a GPU, its CPU interpreter checks the kernel's logic in a child process; on CUDA
@@ -26,7 +26,7 @@ def test_gptq_block_kernel_matches_the_torch_loop_under_the_triton_interpreter()
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_compiled_gptq_block_kernel_matches_the_torch_loop_on_cuda():
-    assert gptq_block_checks.check_block_columns("cuda") == BLOCK_CASES
+    assert gptq_block_checks.check_blocks("cuda") == BLOCK_CASES
 
 
 @pytest.mark.gpu

@@ -1,18 +1,31 @@
 """GPTQ for NVFP4 blocks, batched over experts: columns in order, each column's error pushed onto the rest.
 
-Frantar et al., "GPTQ" (2022), with the Cholesky form of the inverse Hessian and lazy batch updates, adapted to
+Frantar et al., "GPTQ" (2022), with lazy batch updates, in the form that needs one Cholesky factorisation and no
+inverse (Chen et al., "The Geometry of LLM Quantization: GPTQ as Babai's Nearest Plane Algorithm", 2025), adapted to
 NVFP4: every 16 input columns share one E4M3 block scale per row, chosen before the block's columns are
 quantized, from the block's current (error-updated) weights. Per expert e with input Hessian H (dampened):
 
-    U = chol(H^-1), upper                          (one batched Cholesky and triangular solve, see below)
-    for each 16-column block: bits = the candidate scale with the least sum_j (w_j - q_j)**2 / U_jj**2
-        (the OBS cost of quantizing column j alone: what GPTQ's column step minimises; U_jj**2 = [H_F^-1]_jj)
-        for each column j: q = e2m1(w / d) * d;  err = (w - q) / U_jj;  W[:, j:] -= err U[j, j:]
-    columns are processed in batches of `BLOCK_COLUMNS`; a batch's errors reach later columns in one bmm.
+    H = R R^T, R upper               (the Cholesky factor of the reversed H, flipped back; `hessian_factor`)
+    P = R / diag(R) column-wise      (P_jk = R_jk / R_kk: what a unit error in column j moves column k by)
+    per 16-column block B:
+        v = w_B - (w_B - t_B) P_BB^-1            (t: the block's weights with every earlier block's error pushed)
+        bits = the candidate scale with the least sum_j (v_j - q_j)**2 / U_jj**2,  U_BB = R_BB^-1
+        for each column j of B: q = e2m1(v_j / d) * d;  v_k -= (v_j - q) / U_jj * U_jk (k > j in B)
+        e_B = w_B - q_B (against the original weights), pushed onto every later column: t_k += e_B P_Bk
+
+Why this is GPTQ: GPTQ's form uses U, the upper Cholesky factor of H^-1, and pushes `(w'_j - q_j) / U_jj * U_jk`.
+U = R^-1, and its updates sum to `w'_k = w_k + sum_{j<k} (w_j - q_j) P_jk`: the same quantized values in exact
+arithmetic, with errors taken against the original weights and one Cholesky factorisation instead of a
+factorisation and a triangular inverse (the inverse was more than half the factor's arithmetic at K2.6's 7,168
+columns; Chen et al., "The Geometry of LLM Quantization: GPTQ as Babai's Nearest Plane Algorithm", 2025). Only a
+block's first weights differ between the two forms before its columns are quantized (t is not GPTQ's w'); NVFP4
+picks the block's scale there, so v, GPTQ's w' of the block, is recovered from t with the block's own 16 x 16
+triangle, and the 16 column steps run in GPTQ's form on U_BB = R_BB^-1. tests/numerics/test_gptq.py keeps GPTQ's
+inverse form, column by column, as the oracle.
 
 All experts of a batch share the shapes, so every step is one batched op over [experts, rows, columns]. The
 target W is the exact INT4 matrix (float64 here), never BF16. Rows are independent (an expert's gate and up are
-stacked and share H and the Cholesky factor). Quantization itself is NVFP4's: `x = fp32(w / d)`, the code is
+stacked and share H and the factor). Quantization itself is NVFP4's: `x = fp32(w / d)`, the code is
 `encode_e2m1(x)`, and the value is `e2m1 * d` formed in fp32 as `dequantize_nvfp4` forms it.
 
 Determinism: the matrix products and the Cholesky factorisations order their sums as the BLAS/LAPACK (CPU) or
@@ -41,7 +54,7 @@ __all__ = [
     "block_energy_order",
     "dampened_cholesky",
     "gptq_quantize",
-    "inverse_hessian_factor",
+    "hessian_factor",
     "live_channel_hessian",
 ]
 
@@ -91,16 +104,16 @@ def dampened_cholesky(
             yield todo[good], lower[good]
 
 
-def inverse_hessian_factor(
+def hessian_factor(
     hessian: torch.Tensor, damping: float = HESSIAN_DAMPING, *, retries: int = DAMPING_RETRIES,
     growth: float = DAMPING_GROWTH,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(U, ok): the upper Cholesky factor of the dampened inverse Hessian `[E, in, in]`, and a bool `[E]` that is
-    False where no damping up to `damping * growth**retries` made H positive definite (U is then the identity).
+    """(R, ok): the upper triangular R `[E, in, in]` with `R R^T` the dampened Hessian, and a bool `[E]` that is
+    False where no damping up to `damping * growth**retries` made H positive definite (R is then the identity).
 
-    With J the reversal permutation and J H J = L L^T, H^-1 = (J L^-T J)(J L^-1 J), a product of a lower
-    triangular matrix and its transpose, so U = J L^-1 J (Cholesky factors are unique): one factorisation and one
-    triangular solve, no explicit inverse. Channels with zero energy get H_jj = 1 first (GPTQ's dead-channel
+    With J the reversal permutation and J H J = L L^T, H = (J L J)(J L^T J) and J L J is upper: one batched
+    factorisation, no inverse. Its trailing blocks factor H's trailing blocks, which is what GPTQ's order needs (the
+    columns after j are the ones still free). Channels with zero energy get H_jj = 1 first (GPTQ's dead-channel
     rule: nothing propagates through them).
     """
     h, mean = live_channel_hessian(hessian)
@@ -108,11 +121,15 @@ def inverse_hessian_factor(
     factor = torch.zeros_like(h)
     ok = torch.zeros(h.shape[0], dtype=torch.bool, device=h.device)
     for experts, lower in dampened_cholesky(h.flip(-2, -1), mean, damping, retries=retries, growth=growth):
-        inverse = torch.linalg.solve_triangular(lower, eye.expand(experts.numel(), -1, -1), upper=False)
-        factor[experts] = inverse.flip(-2, -1)
+        factor[experts] = lower.flip(-2, -1)
         ok[experts] = True
     factor[~ok] = eye
     return factor, ok
+
+
+def _propagation(factor: torch.Tensor) -> torch.Tensor:
+    """P: `factor` R divided column-wise by its diagonal, in place (`P_jk = R_jk / R_kk`, unit diagonal)."""
+    return factor.div_(factor.diagonal(dim1=-2, dim2=-1).clone().unsqueeze(-2))
 
 
 def _block_candidates(
@@ -151,20 +168,53 @@ def _choose_block_scales(
     return torch.gather(bits, 0, first.unsqueeze(0)).squeeze(0)
 
 
-def _block_columns_reference(
-    batch: torch.Tensor, block_start: int, divisor: torch.Tensor, upper: torch.Tensor, diagonal: torch.Tensor,
-    column: int, codes: torch.Tensor, errors: torch.Tensor,
+def _diagonal_blocks(factor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(U_BB, P_BB^-1), each `[E, in/16, 16, 16]`: per 16-column block, the inverse of R's diagonal triangle (GPTQ's
+    U restricted to the block) and the inverse of P's (`diag(R_BB) U_BB`: the rows of U_BB scaled by R_jj)."""
+    experts, n, _ = factor.shape
+    count = n // NVFP4_BLOCK_SIZE
+    tiles = factor.view(experts, count, NVFP4_BLOCK_SIZE, count, NVFP4_BLOCK_SIZE)
+    triangles = torch.diagonal(tiles, dim1=1, dim2=3).permute(0, 3, 1, 2).contiguous()  # [E, blocks, 16, 16]
+    eye = torch.eye(NVFP4_BLOCK_SIZE, dtype=factor.dtype, device=factor.device)
+    inverse = torch.linalg.solve_triangular(triangles, eye.expand_as(triangles), upper=True).contiguous()
+    return inverse, (triangles.diagonal(dim1=-2, dim2=-1).unsqueeze(-1) * inverse).contiguous()
+
+
+def _block_reference(
+    batch: torch.Tensor, weight: torch.Tensor, block_start: int, column: int, inverse: torch.Tensor,
+    restore: torch.Tensor, search_bits: torch.Tensor, weight_scale_2: torch.Tensor, window: tuple[int, int],
+    codes: torch.Tensor, bits: torch.Tensor, errors: torch.Tensor,
 ) -> None:
-    """One 16-column block's column steps (torch; the CPU path and the fused kernel's reference): quantize column j
-    with the block's scales, record its error `(w - q) / U_jj`, push it onto the block's later columns."""
-    block_stop = block_start + NVFP4_BLOCK_SIZE
-    offset = column - block_start  # batch column j is input column offset + j
-    for j in range(block_start, block_stop):
-        code, quantized = _quantized(batch[..., j], divisor)
-        codes[..., offset + j] = code
-        error = (batch[..., j] - quantized) / diagonal[:, offset + j].view(-1, 1)
-        batch[..., j:block_stop] -= error.unsqueeze(-1) * upper[:, offset + j, offset + j : offset + block_stop].unsqueeze(1)
-        errors[..., j] = error
+    """One 16-column block (torch; the CPU path and the fused kernel's reference): GPTQ's weights of the block from
+    the pushed ones, each row's block scale chosen on them, then the column steps in GPTQ's form; the errors
+    against the original weights go to `errors` for the pushes onto later columns (module docstring).
+
+    :param batch: float64 `[E, R, W]`, the lazy batch of pushed weights t (the block is its columns
+        `block_start:+16`, input columns `column:+16`); :param weight: float64 `[E, R, in]`, the originals.
+    :param inverse: U_BB, :param restore: P_BB^-1, both `[E, in/16, 16, 16]` (`_diagonal_blocks`).
+    :param codes: uint8 `[E, R, in]`, :param bits: uint8 `[E, R, in/16]`, :param errors: float64 `[E, R, W]`:
+        written at the block's columns.
+    """
+    block = column // NVFP4_BLOCK_SIZE
+    u, m = inverse[:, block], restore[:, block]  # [E, 16, 16]
+    original = weight[..., column : column + NVFP4_BLOCK_SIZE]
+    pushed = original - batch[..., block_start : block_start + NVFP4_BLOCK_SIZE]
+    # (w - t) P_BB^-1, summed over j in order from zero (the kernel's order)
+    undo = torch.zeros_like(pushed)
+    for j in range(NVFP4_BLOCK_SIZE):
+        undo = undo + pushed[..., j : j + 1] * m[:, j].unsqueeze(1)
+    current = original - undo
+    pivots = u.diagonal(dim1=-2, dim2=-1)  # [E, 16]
+    block_bits = _choose_block_scales(current, 1.0 / (pivots * pivots), search_bits[..., block], weight_scale_2,
+                                      window)
+    bits[..., block] = block_bits
+    divisor = e4m3_bits_to_fp32(block_bits) * weight_scale_2.view(-1, 1)  # [E, R] fp32, as dequantize forms it
+    for j in range(NVFP4_BLOCK_SIZE):
+        code, quantized = _quantized(current[..., j], divisor)
+        codes[..., column + j] = code
+        step = (current[..., j] - quantized) / pivots[:, j].view(-1, 1)
+        current[..., j + 1 :] -= step.unsqueeze(-1) * u[:, j, j + 1 :].unsqueeze(1)
+        errors[..., block_start + j] = original[..., j] - quantized
 
 
 def _fused_block_kernel(device: torch.device, fused: bool):
@@ -219,7 +269,7 @@ def gptq_quantize(
     :param weight_scale_2: float32 `[E]`, the tensor scale each expert keeps (the search's).
     :param search_bits: uint8 `[E, R, in/16]`, the search's block scales (tried first for every block).
     :return: E2M1 codes uint8 `[E, R, in]`, block-scale bits uint8 `[E, R, in/16]`, and the bool `[E]` of experts
-        whose Hessian could be factorised (the others are quantized with U = I: no error propagation).
+        whose Hessian could be factorised (the others are quantized with R = I: no error propagation).
     """
     if block_columns % NVFP4_BLOCK_SIZE:
         raise ValueError(f"block_columns {block_columns} is not a multiple of {NVFP4_BLOCK_SIZE}")
@@ -227,14 +277,15 @@ def gptq_quantize(
         return _block_ordered(weight, hessian, weight_scale_2, search_bits, block_columns=block_columns,
                               damping=damping, retries=retries, growth=growth, scale_window=scale_window, fused=fused)
     experts, rows, in_features = weight.shape
-    upper, ok = inverse_hessian_factor(hessian, damping, retries=retries, growth=growth)
-    upper = upper.to(weight.dtype)
+    factor, ok = hessian_factor(hessian, damping, retries=retries, growth=growth)
+    factor = factor.to(weight.dtype)
+    inverse, restore = _diagonal_blocks(factor)
+    propagate = _propagation(factor)
     work = weight.clone()
     codes = torch.empty((experts, rows, in_features), dtype=torch.uint8, device=weight.device)
     bits = torch.empty((experts, rows, in_features // NVFP4_BLOCK_SIZE), dtype=torch.uint8, device=weight.device)
-    diagonal = upper.diagonal(dim1=-2, dim2=-1)  # [E, in]
     kernel = _fused_block_kernel(weight.device, USE_FUSED_GPTQ if fused is None else fused)
-    scale_2 = weight_scale_2.view(-1, 1)
+    block = kernel.gptq_block if kernel is not None else _block_reference
     for start in range(0, in_features, block_columns):
         stop = min(in_features, start + block_columns)
         batch = work[..., start:stop].clone()
@@ -244,20 +295,12 @@ def gptq_quantize(
         for block_start in range(0, stop - start, NVFP4_BLOCK_SIZE):
             block_stop = block_start + NVFP4_BLOCK_SIZE
             column = start + block_start
-            pivots = diagonal[:, column : column + NVFP4_BLOCK_SIZE]
-            block_bits = _choose_block_scales(
-                batch[..., block_start:block_stop], 1.0 / (pivots * pivots),
-                search_bits[..., column // NVFP4_BLOCK_SIZE], weight_scale_2, scale_window,
-            )
-            bits[..., column // NVFP4_BLOCK_SIZE] = block_bits
-            divisor = e4m3_bits_to_fp32(block_bits) * scale_2  # [E, R] fp32, as dequantize forms it
-            if kernel is not None:
-                kernel.gptq_block_columns(batch, block_start, divisor, upper, column, codes, errors)
-            else:
-                _block_columns_reference(batch, block_start, divisor, upper, diagonal, column, codes, errors)
+            block(batch, weight, block_start, column, inverse, restore, search_bits, weight_scale_2, scale_window,
+                  codes, bits, errors)
             if block_stop < stop - start:
                 block_errors = errors[..., block_start:block_stop]
-                batch[..., block_stop:] -= torch.bmm(block_errors, upper[:, column : start + block_stop, start + block_stop : stop])
+                batch[..., block_stop:] += torch.bmm(block_errors,
+                                                     propagate[:, column : start + block_stop, start + block_stop : stop])
         if stop < in_features:
-            work[..., stop:] -= torch.bmm(errors, upper[:, start:stop, stop:])
+            work[..., stop:] += torch.bmm(errors, propagate[:, start:stop, stop:])
     return codes, bits, ok
