@@ -1,10 +1,9 @@
-"""Shared fixtures: tiny synthetic Kimi K2 INT4 checkpoints written on the fly, the CUDA skip marker, and what the
-multi-process tests share (a free port, the comparison of two validate reports)."""
+"""Shared fixtures: tiny synthetic Kimi K2 INT4 checkpoints written on the fly, the CUDA skip marker, and the
+comparison of two validate reports that the multi-process tests share (their ranks: tests/gloo_ranks.py)."""
 
 from __future__ import annotations
 
 import shutil
-import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -64,12 +63,6 @@ RANK_TOLERANCE = 1e-4
 _VALIDATE_FIGURES = ("kl_mean", "kl_p99", "kl_max", "ppl_int4", "ppl_nvfp4", "ppl_ratio")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _close(x: float, y: float) -> bool:
     return x == y or abs(x - y) <= RANK_TOLERANCE * max(abs(x), abs(y))
 
@@ -89,12 +82,6 @@ def _assert_validate_figures_agree(a: dict, b: dict) -> None:
         for mode in la["drift"]:
             assert _close(la["drift"][mode], lb["drift"][mode]), (la["layer"], mode)
     assert a["weights"] == b["weights"]  # every expert compared once, summarized in expert order
-
-
-@pytest.fixture(scope="session")
-def free_port() -> Callable[[], int]:
-    """A function giving a free localhost TCP port (torch.distributed's rendezvous)."""
-    return _free_port
 
 
 @pytest.fixture(scope="session")

@@ -10,21 +10,20 @@ too: at another chunk size in one process the report's end-to-end figures and dr
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 from kimi_nvfp4.calibrate import INPUT_SCALES_SHARD
 from kimi_nvfp4.calibrate.api import calibrate_checkpoint
 from kimi_nvfp4.convert.api import convert_checkpoint
 from kimi_nvfp4.demo_model import DEMO_CHECKPOINT
-from kimi_nvfp4.distributed import rank_context
 from kimi_nvfp4.validate.api import validate_checkpoint
+
+from .gloo_ranks import gloo_rank, spawn_ranks
 
 SAMPLES, SEQ_LEN = 6, 64
 # (world size, MLP/MoE chunk tokens): None is the default; 37, 50 and 23 cut sequences of 64 at uneven places
@@ -37,18 +36,12 @@ def _calibrate(out: Path, chunk: int | None) -> None:
 
 
 def _worker(rank: int, world: int, port: int, out: str, chunk: int | None) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
-    rank_context("cpu")
-    try:
+    with gloo_rank(rank, world, port):
         _calibrate(Path(out), chunk)
-    finally:
-        torch.distributed.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
-def calibrated(tmp_path_factory, free_port):
+def calibrated(tmp_path_factory):
     root = tmp_path_factory.mktemp("invariance")
     base = root / "nvfp4"
     convert_checkpoint(DEMO_CHECKPOINT, base, device="cpu", progress=False, record_stats=False)
@@ -59,8 +52,7 @@ def calibrated(tmp_path_factory, free_port):
         if world == 1:
             _calibrate(out, chunk)
         else:
-            mp.start_processes(_worker, args=(world, free_port(), str(out), chunk), nprocs=world, join=True,
-                               start_method="spawn")
+            spawn_ranks(_worker, world, str(out), chunk)
         outs[(world, chunk)] = out
     return outs
 

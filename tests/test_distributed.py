@@ -10,13 +10,11 @@ are also added in another order.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 from kimi_nvfp4.calibrate import INPUT_SCALES_SHARD
@@ -25,6 +23,8 @@ from kimi_nvfp4.convert.api import convert_checkpoint
 from kimi_nvfp4.demo_model import DEMO_CHECKPOINT
 from kimi_nvfp4.distributed import RankContext, rank_context, torchrun_command
 from kimi_nvfp4.validate.api import validate_checkpoint
+
+from .gloo_ranks import gloo_rank, spawn_ranks
 
 SAMPLES, SEQ_LEN = 6, 64
 VALIDATE_SAMPLES = 5  # odd: the ranks get unequal shares
@@ -38,19 +38,13 @@ def _stages(out: Path, report: Path) -> None:
 
 
 def _worker(rank: int, world: int, port: int, out: str, report: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
-    ctx = rank_context("cpu")
-    assert ctx == RankContext(rank, world, rank)
-    try:
+    with gloo_rank(rank, world, port) as ctx:
+        assert ctx == RankContext(rank, world, rank)
         _stages(Path(out), Path(report))
-    finally:
-        torch.distributed.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, free_port):
+def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("dist")
     base = root / "nvfp4"
     convert_checkpoint(DEMO_CHECKPOINT, base, device="cpu", progress=False, record_stats=False)
@@ -58,8 +52,7 @@ def runs(tmp_path_factory, free_port):
     shutil.copytree(base, one)
     shutil.copytree(base, two)
     _stages(one, root / "report_one")
-    mp.start_processes(_worker, args=(2, free_port(), str(two), str(root / "report_two")), nprocs=2,
-                       join=True, start_method="spawn")
+    spawn_ranks(_worker, 2, str(two), str(root / "report_two"))
     return (one, root / "report_one"), (two, root / "report_two")
 
 

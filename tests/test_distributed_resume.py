@@ -20,9 +20,10 @@ from kimi_nvfp4.calibrate import INPUT_SCALES_SHARD
 from kimi_nvfp4.calibrate.api import calibrate_checkpoint
 from kimi_nvfp4.convert.api import convert_checkpoint
 from kimi_nvfp4.demo_model import DEMO_CHECKPOINT
-from kimi_nvfp4.distributed import rank_context
 from kimi_nvfp4.stage_kit.resume import RECORD_NAME, RESUME_DIR
 from kimi_nvfp4.validate.api import validate_checkpoint
+
+from .gloo_ranks import gloo_rank, spawn_ranks
 
 SAMPLES, SEQ_LEN = 6, 64
 VALIDATE_SAMPLES = 5  # odd: the ranks get unequal shares
@@ -46,9 +47,6 @@ def _validate(out: Path, report: Path) -> None:
 
 
 def _worker(rank: int, world: int, port: int, stage: str, fail: bool, out: str, report: str, results: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
     from kimi_nvfp4.model import weights as model_weights
 
     loads: Counter = Counter()
@@ -61,36 +59,34 @@ def _worker(rank: int, world: int, port: int, stage: str, fail: bool, out: str, 
         return real(source, i, *args, **kwargs)
 
     model_weights._CheckpointWeights.layer = counting
-    rank_context("cpu")
     outcome: dict = {}
-    try:
-        _calibrate(Path(out)) if stage == "calibrate" else _validate(Path(out), Path(report))
-        outcome = {"ok": True}
-    except Exception as e:  # noqa: BLE001 - recorded for the test to check
-        outcome = {"error": type(e).__name__, "message": str(e)}
-    finally:
-        torch.distributed.destroy_process_group()
+    with gloo_rank(rank, world, port):
+        try:
+            _calibrate(Path(out)) if stage == "calibrate" else _validate(Path(out), Path(report))
+            outcome = {"ok": True}
+        except Exception as e:  # noqa: BLE001 - recorded for the test to check
+            outcome = {"error": type(e).__name__, "message": str(e)}
     outcome["loads"] = {str(k): v for k, v in sorted(loads.items())}
     Path(results, f"{stage}_{'fail' if fail else 'resume'}_rank{rank}.json").write_text(json.dumps(outcome))
 
 
-def _spawn(stage: str, fail: bool, out: Path, report: Path, results: Path, port: int) -> list[dict | None]:
+def _spawn(stage: str, fail: bool, out: Path, report: Path, results: Path) -> list[dict | None]:
     """Each rank's outcome (None: the rank was killed)."""
     results.mkdir(parents=True, exist_ok=True)
-    args = (WORLD, port, stage, fail, str(out), str(report), str(results))
+    args = (stage, fail, str(out), str(report), str(results))
     if fail:
         with pytest.raises(mp.ProcessExitedException) as killed:
-            mp.start_processes(_worker, args=args, nprocs=WORLD, join=True, start_method="spawn")
+            spawn_ranks(_worker, WORLD, *args)
         assert killed.value.error_index == 1 and killed.value.exit_code == KILLED_EXIT
     else:
-        mp.start_processes(_worker, args=args, nprocs=WORLD, join=True, start_method="spawn")
+        spawn_ranks(_worker, WORLD, *args)
     name = f"{stage}_{'fail' if fail else 'resume'}"
     paths = [results / f"{name}_rank{r}.json" for r in range(WORLD)]
     return [json.loads(p.read_text()) if p.is_file() else None for p in paths]
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, free_port):
+def runs(tmp_path_factory):
     """One process straight through; two ranks killed then resumed, calibrate then validate."""
     root = tmp_path_factory.mktemp("dist_resume")
     base = root / "nvfp4"
@@ -103,11 +99,11 @@ def runs(tmp_path_factory, free_port):
     outcomes = {}
     for stage in ("calibrate", "validate"):
         if stage == "validate":  # two ranks straight through, for the exact comparison
-            _spawn(stage, False, two, root / "report_straight", root / "results_straight", free_port())
-        outcomes[f"{stage}_fail"] = _spawn(stage, True, two, root / "report_two", root / "results", free_port())
+            _spawn(stage, False, two, root / "report_straight", root / "results_straight")
+        outcomes[f"{stage}_fail"] = _spawn(stage, True, two, root / "report_two", root / "results")
         where = two if stage == "calibrate" else root / "report_two"
         outcomes[f"{stage}_record"] = json.loads((where / RESUME_DIR / stage / RECORD_NAME).read_text())
-        outcomes[f"{stage}_resume"] = _spawn(stage, False, two, root / "report_two", root / "results", free_port())
+        outcomes[f"{stage}_resume"] = _spawn(stage, False, two, root / "report_two", root / "results")
         outcomes[f"{stage}_left"] = (where / RESUME_DIR).exists()
     outcomes["straight"] = root / "report_straight"
     return (one, root / "report_one"), (two, root / "report_two"), outcomes

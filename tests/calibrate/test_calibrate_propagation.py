@@ -4,13 +4,11 @@ first MoE layer, whose inputs no requantized layer precedes, is solved to the sa
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from safetensors import safe_open
 
 from kimi_nvfp4.calibrate import calibrate_checkpoint
@@ -20,9 +18,10 @@ from kimi_nvfp4.checkpoint.manifest import load_manifest
 from kimi_nvfp4.checkpoint.reader import CheckpointReader
 from kimi_nvfp4.convert.api import convert_checkpoint
 from kimi_nvfp4.demo_model import DEMO_CHECKPOINT
-from kimi_nvfp4.distributed import rank_context
 from kimi_nvfp4.model import NVFP4Weights
 from kimi_nvfp4.model.linear import NVFP4Linear
+
+from ..gloo_ranks import gloo_rank, spawn_ranks
 
 DEMO = dict(samples=4, seq_len=128, device="cpu", progress=False)
 
@@ -101,24 +100,18 @@ def test_replace_weights_swaps_an_experts_tensors_in_a_loaded_layer(tmp_path, ma
 
 
 def _rank(rank: int, world: int, port: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
-    rank_context("cpu")
-    try:
+    with gloo_rank(rank, world, port):
         calibrate_checkpoint(Path(out), DEMO_CHECKPOINT, "sample", method="gptq", propagation="sequential", **DEMO)
-    finally:
-        torch.distributed.destroy_process_group()
 
 
-def test_two_ranks_propagate_rank_0s_solved_experts(tmp_path, free_port):
+def test_two_ranks_propagate_rank_0s_solved_experts(tmp_path):
     """Only rank 0 solves: the others' advance passes need its tensors (broadcast), or they would drift apart."""
     converted, one, two = tmp_path / "converted", tmp_path / "one", tmp_path / "two"
     convert_checkpoint(DEMO_CHECKPOINT, converted, device="cpu", progress=False)
     shutil.copytree(converted, one)
     shutil.copytree(converted, two)
     calibrate_checkpoint(one, DEMO_CHECKPOINT, "sample", method="gptq", propagation="sequential", **DEMO)
-    mp.start_processes(_rank, args=(2, free_port(), str(two)), nprocs=2, join=True, start_method="spawn")
+    spawn_ranks(_rank, 2, str(two))
     cfg = CheckpointReader(converted).layout.text
     for layer in [i for i in range(cfg.num_hidden_layers) if cfg.is_moe_layer(i)]:
         assert _same(_expert_tensors(one, layer), _expert_tensors(two, layer)), layer

@@ -34,14 +34,12 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 from kimi_nvfp4.calibrate import calibrate_checkpoint
@@ -53,12 +51,13 @@ from kimi_nvfp4.checkpoint.manifest import load_manifest
 from kimi_nvfp4.checkpoint.writer import sha256_file
 from kimi_nvfp4.convert.api import convert_checkpoint
 from kimi_nvfp4.demo_model import DEMO_CHECKPOINT
-from kimi_nvfp4.distributed import rank_context
 from kimi_nvfp4.errors import CheckpointError
 from kimi_nvfp4.requantize import shard as requantize_shard
 from kimi_nvfp4.stage_kit.expert_solve_plan import ExpertSolvePlan, hessian_bytes, method_reserve_bytes, plan_expert_solve
 from kimi_nvfp4.stage_kit.memory_plan import GIB, default_chunk_tokens, parse_bytes, plan_memory
 from kimi_nvfp4.synth.configs import deepseek_v3_text_config
+
+from ..gloo_ranks import gloo_rank, spawn_ranks
 
 WORLD = 2
 # 8 x 128: enough routed tokens for dense Hessians (36 expert inputs); 4 x 48 would solve from diagonals only
@@ -86,22 +85,16 @@ def _assert_same_bytes(got: Path, want: Path) -> None:
 
 # --- 1. two gloo ranks ---------------------------------------------------------------------------------------------
 def _worker(rank: int, world: int, port: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
-    rank_context("cpu")
-    try:
+    with gloo_rank(rank, world, port):
         calibrate_checkpoint(Path(out), DEMO_CHECKPOINT, "sample", **RANKS)
-    finally:
-        torch.distributed.destroy_process_group()
 
 
-def test_two_ranks_write_the_expert_shards_of_one_process(demo_converted, tmp_path, free_port):
+def test_two_ranks_write_the_expert_shards_of_one_process(demo_converted, tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     shutil.copytree(demo_converted, one)
     shutil.copytree(demo_converted, two)
     calibrate_checkpoint(one, DEMO_CHECKPOINT, "sample", **RANKS)
-    mp.start_processes(_worker, args=(WORLD, free_port(), str(two)), nprocs=WORLD, join=True, start_method="spawn")
+    spawn_ranks(_worker, WORLD, str(two))
 
     converted, want = _shards(demo_converted), _shards(one)
     assert [f for f in converted if want[f] != converted[f]]  # experts rewritten: not untouched shards compared

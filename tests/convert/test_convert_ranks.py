@@ -4,37 +4,26 @@ whose ranks fails resumes without converting a finished shard again (convert/ran
 from __future__ import annotations
 
 import json
-import os
-import socket
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import torch
-import torch.multiprocessing as mp
 
 from kimi_nvfp4.checkpoint.manifest import MANIFEST_NAME, load_manifest
 from kimi_nvfp4.convert import api as convert_api
 from kimi_nvfp4.convert.api import convert_checkpoint
 from kimi_nvfp4.convert.ranks import RankFailure, assign_jobs, journal_name, raise_first_failure
-from kimi_nvfp4.distributed import RankContext, rank_context
+from kimi_nvfp4.distributed import RankContext
 from kimi_nvfp4.synth import create_synthetic_checkpoint
+
+from ..gloo_ranks import gloo_rank, spawn_ranks
 
 SHARDS = 4
 WORLD = 2
 INJECTED = "injected failure on rank 1"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _worker(rank: int, world: int, port: int, source: str, out: str, fail_after: int, result_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
     if fail_after >= 0 and rank == 1:
         real, done = convert_api.run_shard_job, []
 
@@ -45,22 +34,19 @@ def _worker(rank: int, world: int, port: int, source: str, out: str, fail_after:
             return real(job, *args, **kwargs)
 
         convert_api.run_shard_job = failing
-    rank_context("cpu")
     outcome: dict = {}
-    try:
-        summary = convert_checkpoint(source, out, device="cpu", progress=False)
-        outcome = {"ranks": summary.ranks, "converted": summary.shards_converted}
-    except Exception as e:  # noqa: BLE001 - recorded for the test to check
-        outcome = {"error": type(e).__name__, "message": str(e), "exit_code": getattr(e, "exit_code", None)}
-    finally:
-        torch.distributed.destroy_process_group()
+    with gloo_rank(rank, world, port):
+        try:
+            summary = convert_checkpoint(source, out, device="cpu", progress=False)
+            outcome = {"ranks": summary.ranks, "converted": summary.shards_converted}
+        except Exception as e:  # noqa: BLE001 - recorded for the test to check
+            outcome = {"error": type(e).__name__, "message": str(e), "exit_code": getattr(e, "exit_code", None)}
     Path(result_dir, f"rank{rank}.json").write_text(json.dumps(outcome))
 
 
 def _spawn(source: Path, out: Path, results: Path, fail_after: int = -1) -> list[dict]:
     results.mkdir(parents=True, exist_ok=True)
-    mp.start_processes(_worker, args=(WORLD, _free_port(), str(source), str(out), fail_after, str(results)),
-                       nprocs=WORLD, join=True, start_method="spawn")
+    spawn_ranks(_worker, WORLD, str(source), str(out), fail_after, str(results))
     return [json.loads((results / f"rank{r}.json").read_text()) for r in range(WORLD)]
 
 
