@@ -8,9 +8,12 @@ Two components beside calibrate's own plan (`memory_plan.py`), both on the devic
   sums are float32, 8 on the CPU). Converting them to the statistics the solver reads consumes the sums expert by
   expert (`layer_stats_tensors(consume=True)`), so the two are never both held whole;
 - `expert_solve_batch`: per expert of a batch, the solver's float64 working set at the widest input (gate/up reads
-  `hidden`): SOLVE_MATRICES in x in matrices (the shrunk H, its dead-channel copy, the flipped and dampened copy,
-  its Cholesky factor, the inverse factor and its cast) and SOLVE_ROW_COPIES rows x in matrices (the target, the
-  working copy, the errors) for the 2 x moe_intermediate rows of gate+up.
+  `hidden`): SOLVE_MATRICES in x in matrices and SOLVE_ROW_COPIES rows x in matrices (the target, the working
+  copy, the errors) for the 2 x moe_intermediate rows of gate+up. The matrices: the solver holds at most four at
+  once (`gptq_solver.hessian_factor`: the caller's stacked H, its flipped dead-channel copy, the dampened copy and
+  its Cholesky factor; then H, the flipped copy, the factor and the factor flipped back); a damping retry's copy of
+  the experts that failed adds up to one; one more is margin for cuSOLVER's workspace and the caller's per-expert
+  shrunk H (alive while `catalog/gptq.py refine_dense` stacks them, before the solver's own).
 K2.6 (384 experts, 7168 / 2048, float32 sums): the statistics of a whole layer are 85 GB, more than an H200 has
 beside calibrate's own peak. Then the layer's experts are taken in groups (calibrate/fused_method.py): the first
 group's statistics come from calibrate's observe pass, each later group's from a statistics-only pass of the MoE
