@@ -7,7 +7,9 @@ is to a measured peak is a benchmark (bench/profile/memory_plan.py), not a test.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +18,16 @@ from click.testing import CliRunner
 from kimi_nvfp4.checkpoint.k2_config import K2Config
 from kimi_nvfp4.cli import cli, main
 from kimi_nvfp4.errors import ResourceError
-from kimi_nvfp4.stage_kit.memory_plan import GIB, LayerSizes, MemoryPlan, parse_bytes, plan_memory
+from kimi_nvfp4.stage_kit.memory_plan import (
+    GIB,
+    GPU_HEADROOM_BYTES,
+    LayerSizes,
+    MemoryPlan,
+    _chunk_bytes,
+    estimate,
+    parse_bytes,
+    plan_memory,
+)
 from kimi_nvfp4.synth.configs import deepseek_v3_text_config
 
 K26 = K2Config.from_dict(deepseek_v3_text_config("k2.6", layers=61, experts=384))
@@ -26,11 +37,22 @@ DEFAULT_TOKENS = 512 * 2048
 
 
 def _plan(stage="validate", gpu="139GiB", tokens=DEFAULT_TOKENS, **kw) -> MemoryPlan:
-    streams, sources = (4, 2) if stage == "validate" else (1, 1)
+    baseline = kw.pop("baseline", stage == "validate")
+    streams, sources = (3 + baseline, 2) if stage == "validate" else (1, 1)
     return plan_memory(K26, stage=stage, device=kw.pop("device", CUDA), dtype=torch.bfloat16, tokens=tokens,
                        seq_len=2048, streams=streams, sources=sources, gpu_memory=parse_bytes(gpu),
-                       host_memory=kw.pop("host", HOST), default_chunk_tokens=65536, baseline=stage == "validate",
-                       **kw)
+                       host_memory=kw.pop("host", HOST), default_chunk_tokens=65536, baseline=baseline, **kw)
+
+
+def _estimate(stage="validate", tokens=DEFAULT_TOKENS, chunk=32768, prefetch=False, materialize=False, cfg=K26,
+              **kw):
+    """`estimate` for K2.6 (or `cfg`) in bf16 on CUDA, states on the GPU: validate's 4 streams over 2 checkpoints with
+    the baseline, calibrate's 1 over 1."""
+    validate = stage == "validate"
+    kw.setdefault("streams", 4 if validate else 1)
+    return estimate(cfg, stage=stage, device=CUDA, dtype=torch.bfloat16, tokens=tokens, seq_len=2048,
+                    sources=2 if validate else 1, states_on_device=kw.pop("on_device", True), chunk_tokens=chunk,
+                    materialize=materialize, prefetch=prefetch, baseline=kw.pop("baseline", validate), **kw)
 
 
 def test_sizes_are_k26s():
@@ -41,14 +63,28 @@ def test_sizes_are_k26s():
     assert size.lm_head == 163840 * 7168 * 2
 
 
-@pytest.mark.parametrize("gpu", ["139GiB", "80GiB", "48GiB"])
-@pytest.mark.parametrize("stage", ["calibrate", "validate"])
+# every GPU for calibrate and for validate without the baseline; validate with it from 80 GiB on
+# (test_baseline_needs_more_than_48_gib)
+FITS = [(stage, baseline, gpu) for stage, baseline in [("calibrate", False), ("validate", True), ("validate", False)]
+        for gpu in ["139GiB", "80GiB", "48GiB"] if not (baseline and gpu == "48GiB")]
+
+
+@pytest.mark.parametrize("stage,baseline,gpu", FITS)
 @pytest.mark.parametrize("samples", [96, 256, 512])
-def test_defaults_fit_every_gpu_within_its_budget(stage, gpu, samples):
-    plan = _plan(stage, gpu, tokens=samples * 2048)
+def test_defaults_fit_every_gpu_within_its_budget(stage, baseline, gpu, samples):
+    plan = _plan(stage, gpu, tokens=samples * 2048, baseline=baseline)
     assert plan.estimated_peak_gpu_bytes <= parse_bytes(gpu)
     assert plan.estimated_peak_host_bytes <= HOST
     assert plan.chunk_tokens >= 4096
+
+
+def test_baseline_needs_more_than_48_gib():
+    """At K2.6 the baseline's conversion alone holds both layers (18.3 GiB), the previous layer's NVFP4 experts
+    (8.9), every expert unpacked (17.7) and their amax conversion (8.9), whatever the number of tokens: validate with
+    the baseline is refused on 48 GiB, with `--baseline off` as what fits."""
+    with pytest.raises(ResourceError, match=r"without the amax baseline it fits: --baseline off"):
+        _plan("validate", "48GiB", tokens=96 * 2048)
+    assert _plan("validate", "48GiB", tokens=96 * 2048, baseline=False).components["baseline_build"] == 0
 
 
 def test_what_gives_way_first_is_materialize_then_chunks_then_states():
@@ -56,8 +92,9 @@ def test_what_gives_way_first_is_materialize_then_chunks_then_states():
     assert roomy.materialize and roomy.prefetch and roomy.states_device == "cuda" and roomy.chunk_tokens == 65536
     tight = _plan("validate", "139GiB")
     assert not tight.materialize and tight.states_device == "cuda"
-    small = _plan("validate", "48GiB")
+    small = _plan("validate", "80GiB")
     assert small.states_on_host and small.estimated_peak_host_bytes > 4 * 14 * GIB
+    assert _plan("validate", "48GiB", baseline=False).states_on_host
 
 
 def test_explicit_settings_are_kept_or_refused_with_what_fits():
@@ -65,7 +102,7 @@ def test_explicit_settings_are_kept_or_refused_with_what_fits():
     assert kept.chunk_tokens == 8192
     with pytest.raises(ResourceError, match=r"without the explicit setting it fits: --max-chunk-tokens \d+ "
                                             r"--states-device cpu"):
-        _plan("validate", "48GiB", states_device="cuda")
+        _plan("validate", "80GiB", states_device="cuda")
 
 
 def test_nothing_fits_names_the_need_and_the_budget():
@@ -104,3 +141,71 @@ def test_dry_run_plans_an_absent_gpu_without_reading_weights(tmp_path, make_tiny
               "--dry-run", "--device", "cuda", "--gpu-memory", "1GB"])
     assert refused.value.code == 10 and "do not fit" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+def test_validate_counts_what_its_int4_stream_holds():
+    """Validate at 512 x 2048 in chunks of 32,768 (the H200's plan): its peak is the INT4 stream's MoE chunks, with
+    every stream plus the INT4 input (`new_ref`), both layers, the baseline's experts, the previous layer's NVFP4
+    experts (still bound through the drop loop's `lin.group`, validate/streams.py) and the INT4 chunk's 50 bytes per
+    (token x hidden) value: input, previous output and norm (3 x 2), the sorted rows the expert check's view keeps
+    (8 x 2), the expert outputs (8 x 2) and the fp32 combine (12) -- not the shared 88."""
+    size = LayerSizes(K26, 2)
+    stream = DEFAULT_TOKENS * 7168 * 2
+    gpu, _host, comp = _estimate()
+    assert comp["chunk_work"] == 50 * 32768 * 7168 and _chunk_bytes(K26, 32768, 2) == 88 * 32768 * 7168
+    assert comp["baseline_experts"] == comp["previous_layer_experts"] == size.experts_stored  # never dequantized
+    assert comp["baseline_build"] == size.expert_values * 9 // 8  # int8 codes + fp32 scales per 32
+    assert gpu == 5 * stream + 2 * size.stored + 2 * size.experts_stored + comp["chunk_work"] + GPU_HEADROOM_BYTES
+    # dequantized layers: the prefetch thread dequantizes the next ones too (runner.py `_load`), the baseline never
+    _gpu, _host, mat = _estimate(materialize=True, prefetch=True)
+    assert mat["next_layers_prefetched"] == 2 * (size.stored + size.experts_materialized)
+    assert mat["baseline_experts"] == size.experts_stored
+
+
+def test_the_baseline_conversion_is_validates_peak_on_few_tokens():
+    """`baseline_layer` unpacks every routed expert before converting one: on the baseline's fewest tokens (8 x 2048)
+    that moment, not the chunks, is the peak -- every stream (no residual yet), the layers, the next ones, the
+    previous layer's experts, the unpacked experts and their conversion."""
+    size = LayerSizes(K26, 2)
+    tokens = 8 * 2048
+    gpu, _host, comp = _estimate(tokens=tokens, chunk=65536, prefetch=True)
+    assert gpu == 4 * tokens * 7168 * 2 + 4 * size.stored + size.experts_stored + comp["baseline_build"] \
+        + size.experts_stored + GPU_HEADROOM_BYTES
+
+
+def test_validate_logits_count_every_stream_and_the_last_layers_experts():
+    """After the last layer every stream is still read (not one more), the last layer's NVFP4 experts are still bound,
+    and one sequence's logits are held 4 + 2 times in bf16 plus 5 fp32 values (validate/metrics.py)."""
+    cfg = dataclasses.replace(K26, n_routed_experts=8)  # small layers: the logits are the peak
+    size = LayerSizes(cfg, 2)
+    gpu, _host, comp = _estimate(tokens=2048, cfg=cfg)
+    assert comp["logits_work"] == 2 * size.lm_head + ((4 + 2) * 2 + 5 * 4) * 2048 * cfg.vocab_size
+    assert gpu == 4 * 2048 * 7168 * 2 + size.experts_stored + comp["logits_work"] + GPU_HEADROOM_BYTES
+
+
+def test_calibrates_estimate_is_its_own():
+    """Calibrate keeps the shared accounting: states + residual, the layer, the next one, one dequantized layer and
+    the shared chunk formula."""
+    size = LayerSizes(K26, 2)
+    gpu, _host, comp = _estimate("calibrate", chunk=65536, prefetch=True, materialize=True)
+    assert comp["chunk_work"] == _chunk_bytes(K26, 65536, 2)
+    assert gpu == 2 * DEFAULT_TOKENS * 7168 * 2 + 2 * size.stored + size.experts_materialized + comp["chunk_work"] \
+        + GPU_HEADROOM_BYTES
+
+
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
+
+
+@pytest.mark.parametrize("name", ["memory_plan_default_allocator_h200.json", "memory_plan_expandable_h200.json"])
+def test_validates_estimate_is_not_below_a_recorded_peak(name):
+    """The direction that matters (a plan below the peak runs out of memory): for every validate case the H200
+    recorded (bench/profile/memory_plan.py, K2.6-shaped layers of 384 experts), the estimate for the recorded plan's
+    settings is at least the allocated peak measured."""
+    for case in json.loads((RESULTS / name).read_text())["results"]:
+        p = case["plan"]
+        if p["stage"] != "validate":
+            continue
+        gpu, _host, _comp = _estimate(tokens=p["tokens"], chunk=p["chunk_tokens"], prefetch=p["prefetch"],
+                                      materialize=p["materialize"], on_device=p["states_device"] != "cpu",
+                                      streams=p["streams"])
+        assert gpu >= case["peak_allocated_bytes"], (case["samples"], case["cap"])
