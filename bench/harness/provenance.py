@@ -93,11 +93,11 @@ def _cpu_count() -> int | None:
 
 
 def typed_argument(name: str, value) -> str:
-    """One argparse option as it is typed (a flag alone, a list space-separated)."""
+    """One argparse option as it is typed (a flag alone, a list space-separated, a value with spaces quoted)."""
     flag = f"--{name.replace('_', '-')}"
     if value is True:
         return flag
-    return f"{flag} {' '.join(map(str, value)) if isinstance(value, list) else value}"
+    return shlex.join([flag, *map(str, value if isinstance(value, list) else [value])])
 
 
 def demo_cpu_header(args, skip: tuple[str, ...] = ("work_dir", "json")) -> dict:

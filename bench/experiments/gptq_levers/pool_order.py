@@ -11,6 +11,14 @@ from bench/results/w4a4_floor_demo_cpu.json (same calibration and draws; its gpt
 checked), so the W4A4 weight-induced part is `KL - floor` and the goal figures are paired ratios to amax's.
 
     python -m bench.experiments.gptq_levers.pool_order --seeds 1 2 3 4 --json bench/results/gptq_levers2_demo_cpu.json
+
+`--variants NAME ...` measures only the named rows (default: all of `variant_names()`; int4-aware's layer errors are
+computed anyway: they are the unit of the others'). The floor file has draws 1-4 only: other draws need
+`--measure-references`, which measures amax and the floor of every draw in the same run (`measure_references`, as
+`--references` does) instead of reading the file. The confirmation of pool_tokens 256 on fresh draws:
+
+    python -m bench.experiments.gptq_levers.pool_order --seeds 5 6 7 8 --measure-references \
+        --variants gptq "gptq, pool_tokens 256" --json bench/results/gptq_pool256_fresh_draws_demo_cpu.json
 """
 
 from __future__ import annotations
@@ -41,6 +49,23 @@ def lever_options() -> dict[str, dict]:
     rows["gptq, block_order"] = {"block_order": True}
     rows["gptq, pool_tokens 1024 + block_order"] = {"pool_tokens": 1024, "block_order": True}
     return rows
+
+
+def variant_names() -> list[str]:
+    """Every row the bench measures, in its order: int4-aware (the unit of the layer errors), gptq, the levers."""
+    return ["int4-aware", "gptq", *lever_options()]
+
+
+def selected_variants(names: list[str] | None) -> list[str]:
+    """`names` in `variant_names()`'s order (all of them for None or none); ValueError naming the valid ones
+    otherwise."""
+    valid = variant_names()
+    if not names:
+        return valid
+    unknown = [n for n in names if n not in valid]
+    if unknown:
+        raise ValueError(f"unknown variant(s) {', '.join(map(repr, unknown))}; valid: {', '.join(map(repr, valid))}")
+    return [n for n in valid if n in names]
 
 
 def reference_draws() -> dict[int, dict]:
@@ -157,7 +182,21 @@ def main() -> None:
     ap.add_argument("--reuse", action="store_true", help="keep the checkpoints an earlier run left in --work-dir")
     ap.add_argument("--references", action="store_true",
                     help="measure amax and the W4A4 floor now and re-pair the rows already in --json with them")
+    ap.add_argument("--variants", nargs="+", metavar="NAME", default=[],  # []: left out of the recorded command
+                    help="measure only these rows (default: all): " + ", ".join(map(repr, variant_names())))
+    ap.add_argument("--measure-references", action="store_true",
+                    help=f"measure amax and the W4A4 floor of every draw in this run instead of reading {FLOOR_FILE} "
+                         "(which has draws 1-4 only)")
     args = ap.parse_args()
+    try:
+        variants = selected_variants(args.variants)
+    except ValueError as e:
+        ap.error(str(e))
+    if not (args.references or args.measure_references):
+        missing = sorted(set(args.seeds) - set(reference_draws()))
+        if missing:
+            ap.error(f"draws {missing} are not in {FLOOR_FILE} (it has {sorted(reference_draws())}): "
+                     "pass --measure-references")
     if args.references:
         add_references(args)
         return
@@ -174,10 +213,13 @@ def main() -> None:
     base = timed("calibrate", _calibrated, work, "int4-aware+hessian", args.data, calibration, "hessian")
     other = timed("other statistics", _calibrated, work, "int4-aware+w4a4+other", args.data, calibration, "w4a4",
                   seed=args.other_seed)
-    levers = lever_options()
-    checkpoints = {"int4-aware": base, "gptq": timed("gptq", _requantized, work, "gptq", base)}
-    for i, (name, options) in enumerate(levers.items()):
-        checkpoints[name] = timed(name, _requantized, work, f"lever{i}", base, options)
+    levers = {name: options for name, options in lever_options().items() if name in variants}
+    checkpoints = {"int4-aware": base}  # always: the layer errors' unit
+    if "gptq" in variants:
+        checkpoints["gptq"] = timed("gptq", _requantized, work, "gptq", base)
+    for i, (name, options) in enumerate(lever_options().items()):  # folder lever{i}: i over all the levers
+        if name in levers:
+            checkpoints[name] = timed(name, _requantized, work, f"lever{i}", base, options)
     totals = expert_layer_errors(other, checkpoints)
     layer_error = {}
     for key, value in totals.items():
@@ -185,38 +227,56 @@ def main() -> None:
         layer_error.setdefault(name, {})[f"{group}.{mode}"] = value / totals[f"{group}.{mode}.int4-aware"]
     print(json.dumps(layer_error, indent=1), flush=True)
 
-    refs = reference_draws()
+    reference_started = time.perf_counter()
+    refs = measure_references(args) if args.measure_references else reference_draws()
+    reference_seconds = time.perf_counter() - reference_started
+    measured = {name: checkpoints[name] for name in variants}
     rows = []
     for seed in args.seeds:
         sequences = heldout_sequences(base, args.data, samples=args.validate_samples, seq_len=args.seq_len,
                                       seed=seed)
-        for name, modes in heldout_figures(checkpoints, DEMO_CHECKPOINT, sequences).items():
+        for name, modes in heldout_figures(measured, DEMO_CHECKPOINT, sequences).items():
             rows.append({"row": name, "seed": seed, **modes, **paired(modes, refs[seed])})
             print(json.dumps(rows[-1]), flush=True)
-    gptq_reproduced = all(
-        r["w4a16"]["kl_mean"] == refs[r["seed"]]["gptq_w4a16"] and r["w4a4"]["kl_mean"] == refs[r["seed"]]["gptq_w4a4"]
-        for r in rows if r["row"] == "gptq")
+    if args.measure_references:
+        reference = {"measured_with": "this run (--measure-references: measure_references)",
+                     "floor": "exact INT4 weights, all expert inputs quantized"}
+    else:
+        gptq_reproduced = all(
+            r["w4a16"]["kl_mean"] == refs[r["seed"]]["gptq_w4a16"]
+            and r["w4a4"]["kl_mean"] == refs[r["seed"]]["gptq_w4a4"]
+            for r in rows if r["row"] == "gptq") if "gptq" in measured else None
+        reference = {"file": str(FLOOR_FILE), "floor_row": FLOOR_ROW, "gptq_reproduced_exactly": gptq_reproduced}
     summary = []
-    for name in checkpoints:
+    for name in measured:
         mine = [r for r in rows if r["row"] == name]
         gptq = {r["seed"]: r for r in rows if r["row"] == "gptq"}
         entry = {"row": name, "layer_error_other_tokens_vs_int4_aware": layer_error[name], **draw_spread(mine, METRICS)}
         for key in ("w4a16_kl_vs_amax", "w4a4_kl_vs_amax", "w4a4_weight_part", "w4a4_weight_part_vs_amax"):
             entry[key] = statistics.fmean(r[key] for r in mine)
-        entry["draws_better_than_gptq"] = {
-            mode: sum(r[mode]["kl_mean"] < gptq[r["seed"]][mode]["kl_mean"] for r in mine) for mode in ("w4a16", "w4a4")}
+        if gptq:
+            entry["draws_better_than_gptq"] = {
+                mode: sum(r[mode]["kl_mean"] < gptq[r["seed"]][mode]["kl_mean"] for r in mine)
+                for mode in ("w4a16", "w4a4")}
         summary.append(entry)
-    write_result(args.json, {
+    settings = {**draw_settings(args), "other_seed": args.other_seed, "method_options": levers,
+                "reference": reference}
+    if args.variants:
+        settings["variants"] = variants
+    record = {
         **demo_cpu_header(args),
-        "settings": {**draw_settings(args), "other_seed": args.other_seed, "method_options": levers,
-                     "reference": {"file": str(FLOOR_FILE), "floor_row": FLOOR_ROW,
-                                   "gptq_reproduced_exactly": gptq_reproduced}},
+        "settings": settings,
         "reference_draws": refs,
         "prepare_seconds": timed.seconds, "rows": rows, "summary": summary,
         "total_seconds": time.perf_counter() - started,
-    })
-    print(json.dumps([{k: s[k] for k in ("row", "w4a16_kl_vs_amax", "w4a4_weight_part_vs_amax",
-                                         "draws_better_than_gptq")} for s in summary], indent=1))
+    }
+    if args.measure_references:
+        record.update(reference_draws={seed: {k: v for k, v in d.items() if k != "amax"} for seed, d in refs.items()},
+                      amax_rows=[{"row": "amax", "seed": seed, **d["amax"]} for seed, d in refs.items()],
+                      reference_seconds=reference_seconds)
+    write_result(args.json, record)
+    print(json.dumps([{k: s.get(k) for k in ("row", "w4a16_kl_vs_amax", "w4a4_weight_part_vs_amax",
+                                             "draws_better_than_gptq")} for s in summary], indent=1))
 
 
 if __name__ == "__main__":
