@@ -82,6 +82,7 @@ def run_case(src: Path, out: Path, stage: str, samples: int, cap: str | None, se
                                      progress=False)
             layer_seconds = result.layer_seconds
             row["logits_seconds"] = result.logits_seconds
+            row["mode_errors"] = dict(result.mode_errors)  # a stream that stopped holds less: say which and why
         torch.cuda.synchronize(dev)
         row["out_of_memory"] = False
     except torch.OutOfMemoryError as e:

@@ -221,16 +221,11 @@ def estimate(cfg: K2Config, *, stage: Stage, device: torch.device, dtype: torch.
     it and one after it (every MoE layer of a K2 model but the first and the last):
     - its INT4 stream's MoE chunks (the layer phase): every stream plus one -- `del ref_states` leaves the INT4 input
       bound to `new_ref` until `ref_runner.feed_forward` returns the INT4 output --, both checkpoints' layers, both
-      next layers prefetched, the baseline's experts, the previous layer's NVFP4 experts (below) and the INT4 chunk;
-    - the amax baseline's conversion (`baseline_layer`, before the INT4 stream): the layers, the previous layer's
-      experts, and every routed expert unpacked at once (int8 codes and fp32 group scales of each `Int4Matrix`)
-      beside the NVFP4 tensors made from them;
-    - the logits after the last layer: every stream (not one more), the last layer's experts, the heads and one
-      sequence's logits work.
-    The previous layer's NVFP4 experts: the loop that drops the checkpoint's dequantized experts before the baseline
-    stream (`for expert in w_nv.mlp.experts: for lin in expert.linears()`) leaves `expert` and `lin` bound after
-    `del w_nv`, and `lin.group` (model/nvfp4_linears.py `Nvfp4Group.raw`) holds every routed expert's tensors of that
-    layer, until the next MoE layer's baseline stream rebinds them."""
+      next layers prefetched, the baseline's experts and the INT4 chunk;
+    - the amax baseline's conversion (`baseline_layer`, before the INT4 stream): the layers, one routed expert
+      unpacked (int8 codes and fp32 group scales of its `Int4Matrix`es; the experts are converted one at a time) and
+      the NVFP4 tensors made so far;
+    - the logits after the last layer: every stream (not one more), the heads and one sequence's logits work."""
     size = LayerSizes(cfg, torch.empty((), dtype=dtype).element_size())
     stream = tokens * cfg.hidden_size * size.dtype_bytes
     chunk = min(chunk_tokens, max(tokens, 1))
@@ -254,11 +249,10 @@ def estimate(cfg: K2Config, *, stage: Stage, device: torch.device, dtype: torch.
         # passes its plan's True/False, never "auto"), and the checkpoint's dequantized copies are dropped before the
         # baseline stream runs
         "baseline_experts": size.experts_stored if baseline else 0,
-        # the previous MoE layer's NVFP4 experts (see the docstring), as stored: their dequantized copies were dropped
-        "previous_layer_experts": size.experts_stored if baseline else 0,
-        # `baseline_layer` unpacks every routed expert (`Int4Matrix.from_packed`: int8 codes and fp32 group scales)
-        # before it converts the first one
-        "baseline_build": size.expert_values + size.expert_values // INT4_GROUP_SIZE * 4 if baseline else 0,
+        # `baseline_layer` unpacks one routed expert at a time (`Int4Matrix.from_packed`: int8 codes and fp32 group
+        # scales) and converts it
+        "baseline_build": (size.expert_values + size.expert_values // INT4_GROUP_SIZE * 4) // cfg.n_routed_experts
+        if baseline else 0,
     }
     # validate's end: every stream, one lm_head per checkpoint, one sequence's logits (LOGITS_EXTRA_COPIES)
     per_position = (streams + LOGITS_EXTRA_COPIES) * size.dtype_bytes + LOGITS_FP32_VALUES * 4
@@ -272,13 +266,12 @@ def estimate(cfg: K2Config, *, stage: Stage, device: torch.device, dtype: torch.
     # host states: the next chunk uploading, the previous one still computing and its output downloading
     comp["host_transfer_buffers"] = 0 if states_on_device or not on_gpu \
         else HOST_TRANSFER_CHUNK_BUFFERS * chunk * cfg.hidden_size * size.dtype_bytes
-    layers = comp["layers_stored"] + comp["next_layers_prefetched"] + comp["layers_dequantized"] \
-        + comp["previous_layer_experts"]
+    layers = comp["layers_stored"] + comp["next_layers_prefetched"] + comp["layers_dequantized"]
     layer_phase = states_gpu(streams + 1) + layers + comp["chunk_work"] + comp["baseline_experts"] \
         + comp["host_transfer_buffers"]
     baseline_phase = states_gpu(streams) + layers + comp["baseline_build"] + comp["baseline_experts"] \
         if baseline else 0
-    logits_phase = states_gpu(streams) + comp["previous_layer_experts"] + comp["logits_work"]
+    logits_phase = states_gpu(streams) + comp["logits_work"]
     embed = cfg.vocab_size * cfg.hidden_size * 2  # the embedding table stays on the host (bf16)
     host_states = 0 if states_on_device else comp["hidden_states"]
     if on_gpu:

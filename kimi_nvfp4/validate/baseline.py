@@ -35,22 +35,23 @@ def baseline_enabled(setting: str, tokens: int) -> bool:
 def baseline_layer(int4: LayerWeights, nvfp4: LayerWeights) -> LayerWeights:
     """`nvfp4` with its routed experts replaced by the `amax` conversion of `int4`'s experts (W4A16).
 
-    Everything else (attention, norms, router, shared experts) is the checkpoint's own, as loaded."""
+    Everything else (attention, norms, router, shared experts) is the checkpoint's own, as loaded. The experts are
+    unpacked and converted one at a time: each scale group converts on its own (`quantize_int4_groups`), so the
+    bytes are those of one call over the layer, and only one expert's unpacked INT4 (int8 codes, fp32 group scales)
+    is held beside the converted ones instead of the whole layer's (17.7 GiB at K2.6; stage_kit/memory_plan.py
+    `baseline_build`)."""
     if not isinstance(int4.mlp, MoEWeights) or not isinstance(nvfp4.mlp, MoEWeights):
         return nvfp4
-    groups, names = [], []
+    experts = []
     for ref, out in zip(int4.mlp.experts, nvfp4.mlp.experts):
         mats = []
         for lin in (ref.gate_proj, ref.up_proj, ref.down_proj):
             if not isinstance(lin, Int4Linear):
                 raise ValueError(f"{lin.module}: the source expert is not INT4")
             mats.append(Int4Matrix.from_packed(lin.weight_packed, lin.weight_scale, lin.in_features))
-        groups += [mats[:2], mats[2:]]  # gate+up share one weight_scale_2, as convert does
-        names.append(out)
-    tensors = quantize_int4_groups(groups, BASELINE_METHOD).tensors
-    experts = []
-    for i, out in enumerate(names):
-        (gate, up), (down,) = tensors[2 * i], tensors[2 * i + 1]
+        # gate+up share one weight_scale_2, as convert does
+        (gate, up), (down,) = quantize_int4_groups([mats[:2], mats[2:]], BASELINE_METHOD).tensors
+        del mats
         experts.append(MLPWeights(*(
             NVFP4Linear(lin.module, t, lin.dtype, mode=BASELINE_MODE)
             for lin, t in zip((out.gate_proj, out.up_proj, out.down_proj), (gate, up, down))

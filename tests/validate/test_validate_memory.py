@@ -19,10 +19,10 @@ from kimi_nvfp4.validate import streams as validate_streams
 from kimi_nvfp4.validate.baseline import baseline_layer
 
 
-def test_previous_layers_nvfp4_experts_live_until_the_next_baseline_stream(calibrated_pair, monkeypatch):
-    """The plan's `previous_layer_experts`: after a MoE layer, its NVFP4 experts stay alive (the drop loop's `lin`
-    holds `lin.group`, every routed expert's tensors) through the next MoE layer's INT4 stream, and go when that
-    layer's baseline stream rebinds the loop's variables."""
+def test_a_layers_nvfp4_experts_go_with_the_layer(calibrated_pair, monkeypatch):
+    """The plan counts no previous layer's experts: once a MoE layer is done, its NVFP4 experts are freed before the
+    next MoE layer's INT4 stream (the loop that drops their dequantized copies is a function of its own, so its last
+    `lin`, which holds `lin.group` -- every routed expert's tensors -- goes with it; 8.9 GiB at K2.6)."""
     src, out = calibrated_pair
     alive: set[int] = set()  # layers whose NVFP4 experts are alive
     original = model_weights._CheckpointWeights.layer
@@ -53,14 +53,14 @@ def test_previous_layers_nvfp4_experts_live_until_the_next_baseline_stream(calib
     second_layer = [live for kind, i, live in seen if i == second]
     int4_stream, baseline_stream = second_layer[0], second_layer[-1]
     assert [kind for kind, i, _ in seen if i == second][0] == "Int4SourceWeights"
-    assert int4_stream == {first, second}  # the previous MoE layer's experts beside this one's
+    assert int4_stream == {second}  # not the previous MoE layer's
     assert baseline_stream == {second}
     assert not alive  # compare_streams has returned
 
 
-def test_baseline_conversion_unpacks_every_expert_at_once(calibrated_pair, monkeypatch):
-    """The plan's `baseline_build`: `baseline_layer` holds every routed expert's `Int4Matrix` (int8 codes, fp32 group
-    scales) before it converts the first one."""
+def test_baseline_conversion_unpacks_one_expert_at_a_time(calibrated_pair, monkeypatch):
+    """The plan's `baseline_build`: `baseline_layer` holds one routed expert's three `Int4Matrix`es (int8 codes, fp32
+    group scales) at a time, not the layer's."""
     src, out = calibrated_pair
     reader = CheckpointReader(out)
     layer = reader.layout.text.moe_layers[0]
@@ -78,4 +78,4 @@ def test_baseline_conversion_unpacks_every_expert_at_once(calibrated_pair, monke
     w_ref = Int4SourceWeights(CheckpointReader(src)).layer(layer, "cpu")
     w_nv = NVFP4Weights(reader, activations="w4a16").layer(layer, "cpu")
     base = baseline_layer(w_ref, w_nv)
-    assert peak[0] == 3 * len(base.mlp.experts) and live[0] == 0
+    assert len(base.mlp.experts) > 1 and peak[0] == 3 and live[0] == 0
