@@ -365,14 +365,14 @@ def _refusal(stage, device, tokens, streams, gpu_cap, host_cap, tried, chunk_tok
         except ResourceError:
             pass
     if not advice and baseline:
-        # the amax baseline's conversion holds a whole layer's experts unpacked whatever the number of tokens
+        # the amax baseline's stream: one more stream and its own routed experts
         try:
             plan_memory(cfg, stage=stage, device=device, dtype=dtype, tokens=tokens, seq_len=seq_len,
                         streams=streams - 1, sources=sources, gpu_memory=gpu_memory, host_memory=host_memory,
                         chunk_tokens=chunk_tokens, states_device=states_device,
                         default_chunk_tokens=default_chunk_tokens)
-            advice.append("without the amax baseline it fits: --baseline off (its conversion unpacks every expert of "
-                          "a layer at once, whatever the number of tokens)")
+            advice.append("without the amax baseline it fits: --baseline off (it is one more stream and its own "
+                          "routed experts)")
         except ResourceError:
             pass
     if not advice:
