@@ -56,7 +56,8 @@ def w4a4_layer_error(ctx: BlockContext) -> str:
 @renderer("gptq_solver_timing")
 def gptq_solver_timing(ctx: BlockContext) -> str:
     """bench/profile/gptq.py: the batched GPTQ solver alone at K2.6 shapes (one batch of experts of one input kind),
-    wall seconds for the inverse-Hessian factor and the whole solve, per expert and scaled to 384 experts."""
+    wall seconds for the factor (the inverse-Hessian factor before the one-factor solver, the Cholesky factor since)
+    and the whole solve, per expert and scaled to 384 experts."""
     rows = []
     for r in ctx.results:
         r.require("kind", "experts", "factor_s", "gptq_quantize_s", "s_per_expert", "projected_s_per_384_experts")

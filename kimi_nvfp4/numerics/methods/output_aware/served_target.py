@@ -12,7 +12,7 @@ in a 16-block with an outlier, rounded to 0 or one E2M1 step) gets a smaller wei
 correlated channels take over some of its signal. Diagonal statistics give `W'[:, j] = W[:, j] C_jj / H~_jj`.
 
 Written as `W' = W + W (C - H~) H~^-1` (the same matrix), because the inverse needs damping and only the
-correction should be damped: with the solver's dampened `H~ + dI` (`gptq_solver.inverse_hessian_factor`: dead
+correction should be damped: with the solver's dampened `H~ + dI` (`gptq_solver.hessian_factor`: dead
 channels get H~_jj = 1, then `damping * mean(diag) * I`, grown tenfold per failed factorisation)
 
     W' = W + W (C - H~)(H~ + dI)^-1,   so   ||Q - W'||^2_(H~+dI) = tr(Q H~ Q^T) - 2 tr(W C Q^T) + d ||Q - W||^2 + const
