@@ -44,7 +44,8 @@ class GptqOptions(ActDiagOptions):
                                description="columns per lazy batch update (a multiple of 16)")
     scale_window: tuple[int, int] = Field(gptq_solver.SCALE_WINDOW, description="lowest,highest E4M3 bit offset "
                                                                                 "tried around a block's amax/6 scale")
-    fused_kernel: bool = Field(True, description="on CUDA, a block's 16 column steps as one Triton kernel (same bits)")
+    fused_kernel: bool = Field(True, description="on CUDA, a block's scale choice and 16 column steps as one Triton "
+                                                 "kernel (same bits)")
     pool_tokens: float = Field(0.0, ge=0, description="gate/up: an expert's (shrunk) H blended with the layer's "
                                                       "all-token H as (n H + k H_pool) / (n + k), k this many "
                                                       "tokens (0: the expert's own H; gptq only)")
@@ -132,6 +133,6 @@ PLUGIN = ScaleMethodSpec(
     statistics=StatisticsNeed.HESSIAN,
     refine=refine_dense,
     options_model=GptqOptions,
-    # Triton: the column steps of a block (numerics/gptq_block_kernel.py), with `fused_kernel`
+    # Triton: a block's scale choice and column steps (numerics/gptq_block_kernel.py), with `fused_kernel`
     paths=(ExecutionPath.CPU_REFERENCE, ExecutionPath.TORCH_CUDA, ExecutionPath.TRITON),
 )

@@ -17,7 +17,7 @@ Why this is GPTQ: GPTQ's form uses U, the upper Cholesky factor of H^-1, and pus
 U = R^-1, and its updates sum to `w'_k = w_k + sum_{j<k} (w_j - q_j) P_jk`: the same quantized values in exact
 arithmetic, with errors taken against the original weights and one Cholesky factorisation instead of a
 factorisation and a triangular inverse (the inverse was more than half the factor's arithmetic at K2.6's 7,168
-columns; Chen et al., "The Geometry of LLM Quantization: GPTQ as Babai's Nearest Plane Algorithm", 2025). Only a
+columns). Only a
 block's first weights differ between the two forms before its columns are quantized (t is not GPTQ's w'); NVFP4
 picks the block's scale there, so v, GPTQ's w' of the block, is recovered from t with the block's own 16 x 16
 triangle, and the 16 column steps run in GPTQ's form on U_BB = R_BB^-1. tests/numerics/test_gptq.py keeps GPTQ's
@@ -69,8 +69,8 @@ BLOCK_COLUMNS = 128
 # search's own choice tried first. Unweighted optima lie within amax/7.2..amax/3.5 (offsets -2..+6, docs/numerics.md
 # "Why these candidates"); the window is one wider on each side, as weighting moves the optimum.
 SCALE_WINDOW = (-3, 7)
-# On CUDA, a block's 16 column steps run as one Triton kernel (numerics/gptq_block_kernel.py: the same bits) instead
-# of ~25 elementwise kernels per column, which left the loop launch-bound; False keeps the torch loop everywhere.
+# On CUDA, a block's scale choice and its 16 column steps run as one Triton kernel (numerics/gptq_block_kernel.py:
+# the same bits) instead of ~40 small torch kernels, which left the loop launch-bound; False keeps the torch path.
 USE_FUSED_GPTQ = True
 
 
