@@ -22,6 +22,7 @@
 #                        defaults (\$REHEARSAL_ARGS adds options, e.g. --calibrate-args "--samples 64")
 #   fused-gptq-k26       calibrate --method gptq on one 384-expert K2.6 layer at 512 x 2048 (expert groups, the solve),
 #                        per-phase seconds logged as each layer ends (\$FUSED_ARGS adds options, e.g. --skip-plain)
+#   refine-phases        the gptq solve batch's phases (search, Hessians, solver, guard) at K2.6 shapes
 set -u
 part=$1; out=${2:-/tmp/gpu_suite}; mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -163,6 +164,13 @@ case $part in
     # seconds per layer are logged (fused_method.py) even when the step's timeout stops the final shard rewrite.
     step fused_gptq_k26 560 python3 -m bench.speed.fused_gptq_k26 --work-dir /tmp/kimi_fused \
       --json "$out/fused_gptq_k26.json" ${FUSED_ARGS:-}
+    ;;
+  refine-phases)
+    # Issue 26: the solve phase of calibrate --method gptq split into search, Hessians, solver and guard, one batch
+    # of 13 K2.6-shaped experts (the H200 plan's batch), then the solver's own profile beside it.
+    step refine_phases 240 python3 -m bench.profile.refine_phases --device cuda --experts 13 --json "$out/refine_phases.json"
+    step gptq_gate_up 90 python3 -m bench.profile.gptq --device cuda --experts 13 --kind gate_up --no-profile \
+      --json "$out/profile_gptq_gate_up.json"
     ;;
   *)
     echo "unknown part: $part (see the list at the top of bench/gpu_suite.sh)" >&2; exit 2
