@@ -91,6 +91,13 @@ def add_draw_arguments(parser, *, work_dir: str, samples: int = 16, validate_sam
     parser.add_argument("--seeds", type=int, nargs="+", default=list(seeds), help="held-out draws")
 
 
+def calibration_keywords(args) -> dict:
+    """`calibrate_checkpoint`'s keywords for `add_draw_arguments`' calibration sizes, on the CPU, quietly (every demo
+    accuracy bench calibrates this way)."""
+    return dict(samples=args.samples, seq_len=args.seq_len, min_expert_tokens=args.min_expert_tokens, device="cpu",
+                progress=False)
+
+
 def draw_settings(args, **calibration) -> dict:
     """What a result file records of `add_draw_arguments`' options: the calibration sizes (with `calibration`'s
     extra figures, e.g. its seed and token count) and the held-out draws."""

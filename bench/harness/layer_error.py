@@ -38,3 +38,13 @@ def expert_layer_errors(stats_folder: Path, checkpoints: dict[str, Path]) -> dic
                         key = f"{group}.{mode}.{name}"
                         totals[key] = totals.get(key, 0.0) + float(output_error(m, q, s))
     return totals
+
+
+def relative_layer_errors(totals: dict[str, float], unit: str = "int4-aware") -> dict[str, dict[str, float]]:
+    """`expert_layer_errors`' totals as `{method: {"<group>.<mode>": error / unit's}}`: each method's summed layer
+    error as a multiple of `unit`'s (which must be among the checkpoints) at the same group and mode."""
+    out: dict[str, dict[str, float]] = {}
+    for key, value in totals.items():
+        group, mode, name = key.split(".", 2)
+        out.setdefault(name, {})[f"{group}.{mode}"] = value / totals[f"{group}.{mode}.{unit}"]
+    return out

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from bench.harness.provenance import demo_cpu_header
-from bench.harness.heldout import draw_spread, prepare_method
+from bench.harness.heldout import calibration_keywords, draw_spread, prepare_method
 
 MODES = ("w4a16", "w4a4")
 def _summary(rows: list[dict], method: str) -> dict:
@@ -43,8 +43,7 @@ def main() -> None:
     from kimi_nvfp4.demo_model import DEMO_CHECKPOINT
     from kimi_nvfp4.validate import validate_checkpoint
 
-    calibration = dict(samples=args.samples, seq_len=args.seq_len, min_expert_tokens=args.min_expert_tokens,
-                       device="cpu", progress=False)
+    calibration = calibration_keywords(args)
     folders, seconds, stats = {}, {}, {}
     for method in args.methods:
         t0 = time.perf_counter()

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 
-from bench.harness.heldout import draw_spread, prepare_method
+from bench.harness.heldout import calibration_keywords, draw_spread, prepare_method
 from bench.harness.heldout import MODES, add_draw_arguments, draw_settings, heldout_figures, heldout_sequences
 from bench.harness.provenance import demo_cpu_header
 
@@ -145,8 +145,7 @@ def main() -> None:
     args.recipes = [] if args.ours_only else args.recipes or list(RECIPES)
     methods = list(dict.fromkeys([BASE_METHOD, *args.methods]))
     started = time.perf_counter()
-    calibration = dict(samples=args.samples, seq_len=args.seq_len, min_expert_tokens=args.min_expert_tokens,
-                       device="cpu", progress=False)
+    calibration = calibration_keywords(args)
     folders, seconds, stats = {}, {}, {}
 
     def prepare(method: str) -> None:

@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 
-from bench.harness.heldout import draw_spread
-from bench.harness.layer_error import expert_layer_errors
+from bench.harness.heldout import calibration_keywords, draw_spread
+from bench.harness.layer_error import expert_layer_errors, relative_layer_errors
 from bench.harness.prepared import PreparedFolders
 from bench.harness.provenance import demo_cpu_header
 from bench.harness.heldout import add_draw_arguments, draw_settings, heldout_figures, heldout_sequences
@@ -82,8 +82,7 @@ def main() -> None:
     started = time.perf_counter()
     work = args.work_dir
     work.mkdir(parents=True, exist_ok=True)
-    calibration = dict(samples=args.samples, seq_len=args.seq_len, min_expert_tokens=args.min_expert_tokens,
-                       device="cpu", progress=False)
+    calibration = calibration_keywords(args)
     timed = PreparedFolders()
 
     base = timed("calibrate", _calibrated, work, "int4-aware+hessian", args.data, calibration, "hessian")
@@ -101,11 +100,7 @@ def main() -> None:
                                                        levers["shrinkage"]),
         f"gptq, calibration x{CALIBRATION_FACTOR}": timed("gptq x4", _requantized, work, "gptq-calibration-x4", big),
     }
-    totals = expert_layer_errors(other, checkpoints)
-    layer_error = {}
-    for key, value in totals.items():
-        group, mode, name = key.split(".", 2)
-        layer_error.setdefault(name, {})[f"{group}.{mode}"] = value / totals[f"{group}.{mode}.int4-aware"]
+    layer_error = relative_layer_errors(expert_layer_errors(other, checkpoints))
     print(json.dumps(layer_error, indent=1), flush=True)
 
     rows = []

@@ -32,8 +32,9 @@ from pathlib import Path
 import torch
 
 from bench.experiments.gptq_levers.levers import _calibrated, _requantized
-from bench.harness.heldout import add_draw_arguments, draw_settings, draw_spread, heldout_figures, heldout_sequences
-from bench.harness.layer_error import expert_layer_errors
+from bench.harness.heldout import add_draw_arguments, calibration_keywords, draw_settings, draw_spread, heldout_figures, \
+    heldout_sequences
+from bench.harness.layer_error import expert_layer_errors, relative_layer_errors
 from bench.harness.prepared import PreparedFolders
 from bench.harness.provenance import demo_cpu_header
 from bench.harness.results import write_result
@@ -106,8 +107,7 @@ def measure_references(args) -> dict[int, dict]:
     from kimi_nvfp4.model import Int4SourceWeights
     from kimi_nvfp4.stage_kit.samples import DataPart, load_sample_set
 
-    calibration = dict(samples=args.samples, seq_len=args.seq_len, min_expert_tokens=args.min_expert_tokens,
-                       device="cpu", progress=False)
+    calibration = calibration_keywords(args)
     amax = args.work_dir / "amax"
     if not (args.reuse and amax.exists()):
         amax, _ = prepare_method("amax", args.work_dir, args.data, calibration)
@@ -206,8 +206,7 @@ def main() -> None:
     started = time.perf_counter()
     work = args.work_dir
     work.mkdir(parents=True, exist_ok=True)
-    calibration = dict(samples=args.samples, seq_len=args.seq_len, min_expert_tokens=args.min_expert_tokens,
-                       device="cpu", progress=False)
+    calibration = calibration_keywords(args)
     timed = PreparedFolders(Path.exists if args.reuse else None)
 
     base = timed("calibrate", _calibrated, work, "int4-aware+hessian", args.data, calibration, "hessian")
@@ -220,11 +219,7 @@ def main() -> None:
     for i, (name, options) in enumerate(lever_options().items()):  # folder lever{i}: i over all the levers
         if name in levers:
             checkpoints[name] = timed(name, _requantized, work, f"lever{i}", base, options)
-    totals = expert_layer_errors(other, checkpoints)
-    layer_error = {}
-    for key, value in totals.items():
-        group, mode, name = key.split(".", 2)
-        layer_error.setdefault(name, {})[f"{group}.{mode}"] = value / totals[f"{group}.{mode}.int4-aware"]
+    layer_error = relative_layer_errors(expert_layer_errors(other, checkpoints))
     print(json.dumps(layer_error, indent=1), flush=True)
 
     reference_started = time.perf_counter()

@@ -29,7 +29,7 @@ import shutil
 import time
 from pathlib import Path
 
-from bench.harness.heldout import add_draw_arguments, draw_settings, draw_spread, heldout_figures, \
+from bench.harness.heldout import add_draw_arguments, calibration_keywords, draw_settings, draw_spread, heldout_figures, \
     heldout_sequences, prepare_method
 from bench.harness.prepared import PreparedFolders, calibrated_folder
 from bench.harness.results import bench_parser, write_result
@@ -81,8 +81,7 @@ def main() -> None:
     started = time.perf_counter()
     work = args.work_dir
     work.mkdir(parents=True, exist_ok=True)
-    calibration = dict(samples=args.samples, seq_len=args.seq_len, min_expert_tokens=args.min_expert_tokens,
-                       device="cpu", progress=False)
+    calibration = calibration_keywords(args)
     timed = PreparedFolders(calibrated_folder if args.reuse else None)
 
     checkpoints = {

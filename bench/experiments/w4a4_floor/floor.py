@@ -40,7 +40,7 @@ from bench.experiments.w4a4_floor.activation_floor import (
     WeightRule,
     calibrate_floor_scales,
 )
-from bench.harness.heldout import draw_spread, prepare_method
+from bench.harness.heldout import calibration_keywords, draw_spread, prepare_method
 from bench.harness.provenance import demo_cpu_header
 from bench.harness.heldout import (
     _runner,
@@ -112,8 +112,7 @@ def main() -> None:
     from kimi_nvfp4.stage_kit.samples import DataPart, load_sample_set
 
     started = time.perf_counter()
-    calibration = dict(samples=args.samples, seq_len=args.seq_len, min_expert_tokens=args.min_expert_tokens,
-                       device="cpu", progress=False)
+    calibration = calibration_keywords(args)
     folders, seconds = {}, {}
     for method in CHECKPOINT_METHODS:
         t0 = time.perf_counter()
