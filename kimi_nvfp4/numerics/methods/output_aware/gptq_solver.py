@@ -17,11 +17,10 @@ Why this is GPTQ: GPTQ's form uses U, the upper Cholesky factor of H^-1, and pus
 U = R^-1, and its updates sum to `w'_k = w_k + sum_{j<k} (w_j - q_j) P_jk`: the same quantized values in exact
 arithmetic, with errors taken against the original weights and one Cholesky factorisation instead of a
 factorisation and a triangular inverse (the inverse was more than half the factor's arithmetic at K2.6's 7,168
-columns). Only a
-block's first weights differ between the two forms before its columns are quantized (t is not GPTQ's w'); NVFP4
-picks the block's scale there, so v, GPTQ's w' of the block, is recovered from t with the block's own 16 x 16
-triangle, and the 16 column steps run in GPTQ's form on U_BB = R_BB^-1. tests/numerics/test_gptq.py keeps GPTQ's
-inverse form, column by column, as the oracle.
+columns). Only a block's first weights differ between the two forms before its columns are quantized (t is not
+GPTQ's w'); NVFP4 picks the block's scale there, so v, GPTQ's w' of the block, is recovered from t with the block's
+own 16 x 16 triangle, and the 16 column steps run in GPTQ's form on U_BB = R_BB^-1. tests/numerics/test_gptq.py
+keeps GPTQ's inverse form, column by column, as the oracle.
 
 All experts of a batch share the shapes, so every step is one batched op over [experts, rows, columns]. The
 target W is the exact INT4 matrix (float64 here), never BF16. Rows are independent (an expert's gate and up are
@@ -133,12 +132,11 @@ def hessian_factor(
     factor = None
     for done, lower in dampened_cholesky(h, mean, damping, retries=retries, growth=growth):
         ok[done] = True
-        if factor is None and done.numel() == experts:  # the usual case: no [E, n, n] of zeros beside it
+        if done.numel() == experts:  # all at the first attempt (the usual case): no [E, n, n] of zeros beside it
             factor = lower.flip(-2, -1)
-            continue
-        if factor is None:
-            factor = torch.zeros_like(h)
-        factor[done] = lower.flip(-2, -1)
+        else:
+            factor = torch.zeros_like(h) if factor is None else factor
+            factor[done] = lower.flip(-2, -1)
     if factor is None:
         factor = torch.zeros_like(h)
     factor[~ok] = torch.eye(h.shape[-1], dtype=h.dtype, device=h.device)
