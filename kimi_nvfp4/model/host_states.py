@@ -37,7 +37,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import torch
 
 MAX_ITEMS_IN_FLIGHT = 1  # items queued beyond the one the CPU is queueing, before it waits (see the docstring)
-HOST_TRANSFER_CHUNK_BUFFERS = 3  # extra GPU buffers of one chunk's input size (stage_kit/memory_plan.py)
+HOST_TRANSFER_CHUNK_BUFFERS = 3  # extra GPU buffers of one chunk's input size (stage_kit/memory_estimate.py)
 
 
 class HostTransfers:

@@ -38,7 +38,7 @@ def baseline_layer(int4: LayerWeights, nvfp4: LayerWeights) -> LayerWeights:
     Everything else (attention, norms, router, shared experts) is the checkpoint's own, as loaded. The experts are
     unpacked and converted one at a time: each scale group converts on its own (`quantize_int4_groups`), so the
     bytes are those of one call over the layer, and only one expert's unpacked INT4 (int8 codes, fp32 group scales)
-    is held beside the converted ones instead of the whole layer's (17.7 GiB at K2.6; stage_kit/memory_plan.py
+    is held beside the converted ones instead of the whole layer's (17.7 GiB at K2.6; stage_kit/memory_estimate.py
     `baseline_build`)."""
     if not isinstance(int4.mlp, MoEWeights) or not isinstance(nvfp4.mlp, MoEWeights):
         return nvfp4

@@ -59,11 +59,11 @@ def test_one_layer_at_a_time(converted_pair, live_layers, policy):
 
 @pytest.mark.gpu
 def test_gpu_peak_memory_is_one_layer_plus_states(converted_pair, cuda_device):
-    """The peak is what the memory planner estimates for this run (stage_kit/memory_plan.py): the layer as stored,
+    """The peak is what the memory planner estimates for this run (stage_kit/memory_estimate.py): the layer as stored,
     the next one prefetched, the layer dequantized once, the states and one chunk's work. The old bound (8 layers +
     4 state copies + 32 MiB) left out the prefetched layer and failed by 0.9 MB on the H200."""
     from kimi_nvfp4.model.runner import CUDA_MAX_CHUNK_TOKENS
-    from kimi_nvfp4.stage_kit.memory_plan import GPU_HEADROOM_BYTES, estimate
+    from kimi_nvfp4.stage_kit.memory_estimate import GPU_HEADROOM_BYTES, estimate
 
     _src, out = converted_pair
     reader = CheckpointReader(out)

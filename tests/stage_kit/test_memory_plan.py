@@ -18,16 +18,8 @@ from click.testing import CliRunner
 from kimi_nvfp4.checkpoint.k2_config import K2Config
 from kimi_nvfp4.cli import cli, main
 from kimi_nvfp4.errors import ResourceError
-from kimi_nvfp4.stage_kit.memory_plan import (
-    GIB,
-    GPU_HEADROOM_BYTES,
-    LayerSizes,
-    MemoryPlan,
-    _chunk_bytes,
-    estimate,
-    parse_bytes,
-    plan_memory,
-)
+from kimi_nvfp4.stage_kit.memory_estimate import GIB, GPU_HEADROOM_BYTES, LayerSizes, _chunk_bytes, estimate
+from kimi_nvfp4.stage_kit.memory_plan import MemoryPlan, parse_bytes, plan_memory
 from kimi_nvfp4.synth.configs import deepseek_v3_text_config
 
 K26 = K2Config.from_dict(deepseek_v3_text_config("k2.6", layers=61, experts=384))

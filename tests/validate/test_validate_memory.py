@@ -1,4 +1,4 @@
-"""What validate keeps alive, as the memory plan counts it (stage_kit/memory_plan.py `estimate`): checked on the CPU
+"""What validate keeps alive, as the memory plan counts it (stage_kit/memory_estimate.py `estimate`): checked on the CPU
 through weak references, so that a change here that frees something earlier (or later) shows up beside the plan's
 term that counts it."""
 
