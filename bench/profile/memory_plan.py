@@ -72,7 +72,7 @@ def run_case(src: Path, out: Path, stage: str, samples: int, cap: str | None, se
                                   materialize=plan.materialize, prefetch=plan.prefetch, progress=False)
             if INPUT_SCALES_SHARD not in set(reader.weight_map.values()):
                 install_input_scales(out, run.scales, stage_settings={"bench": True})
-            layer_seconds = run.layer_seconds
+            layer_seconds, phase_seconds = run.layer_seconds, run.phase_seconds
         else:
             result = compare_streams(src_reader, reader, seqs, modes=[ActivationMode(m) for m in opts.modes],
                                      reduction=InputScaleReduction.LAYER_MAX, device=dev,
@@ -80,15 +80,17 @@ def run_case(src: Path, out: Path, stage: str, samples: int, cap: str | None, se
                                      max_chunk_tokens=plan.chunk_tokens, states_device=plan.states_device,
                                      prefetch=plan.prefetch, materialize=plan.materialize, baseline=baseline,
                                      progress=False)
-            layer_seconds = result.layer_seconds
+            layer_seconds, phase_seconds = result.layer_seconds, result.phase_seconds
             row["logits_seconds"] = result.logits_seconds
             row["mode_errors"] = dict(result.mode_errors)  # a stream that stopped holds less: say which and why
         torch.cuda.synchronize(dev)
         row["out_of_memory"] = False
     except torch.OutOfMemoryError as e:
-        row["out_of_memory"], layer_seconds = str(e).splitlines()[0], []
+        row["out_of_memory"], layer_seconds, phase_seconds = str(e).splitlines()[0], [], []
     row["seconds"] = time.perf_counter() - start
     row["moe_layer_seconds"] = [s for i, s in enumerate(layer_seconds) if cfg.is_moe_layer(i)]
+    # where a MoE layer's time goes (stage_kit/device.py PhaseClock): the speed goals' starting point
+    row["moe_phase_seconds"] = [p for i, p in enumerate(phase_seconds) if cfg.is_moe_layer(i)]
     row["peak_allocated_bytes"] = peak_allocated(dev)
     row["peak_reserved_bytes"] = peak_reserved(dev)
     row["measured_over_estimate"] = row["peak_reserved_bytes"] / plan.estimated_peak_gpu_bytes
