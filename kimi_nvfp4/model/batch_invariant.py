@@ -16,8 +16,11 @@ So every product of the layer-streamed model that mixes tokens runs here, over F
 - on CPU the reduction is cut into `CPU_REDUCTION_CHUNK` columns (short enough that no thread split happens),
   each chunk's product in fp32 and the chunks added in order in fp32, then rounded once to the compute dtype:
   the arithmetic of a tensor-core GEMM (bf16 products exact in fp32, fp32 accumulation), in a fixed order.
-- on CUDA each tile is one cuBLAS call of a fixed shape (cuBLAS picks its kernel, split-K included, from the
-  shape, and is deterministic for a given shape on a given GPU type).
+- on CUDA, half-precision products run as one Triton launch (numerics/grouped_matmul_kernel.py) whose programs
+  each compute a fixed-size output tile with a fixed K loop: invariant by construction, and one launch for all of a
+  MoE chunk's experts (`linear_row_spans`) instead of one cuBLAS call per 256-row tile. fp32 products (and a build
+  without Triton) keep the fixed-shape tiles, each one cuBLAS call of a fixed shape (cuBLAS picks its kernel, split-K
+  included, from the shape, and is deterministic for a given shape on a given GPU type).
 
 Elementwise functions are not invariant on CPU either: ATen's vectorized loops run whole SIMD blocks through
 Sleef and the remainder of a call's range (and of each thread's share above its 32,768-element grain) through
@@ -32,10 +35,12 @@ Cost: measured by `bench/quality/batch_invariance.py` (docs/benchmarks.md, "Batc
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
+
+from ..numerics.triton_support import triton_module
 
 BATCH_INVARIANT = True
 
@@ -77,6 +82,13 @@ def linear_rows(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None 
         out = x.new_empty(rows, n_out)
     if rows == 0:
         return out
+    kernel = _span_kernel(x, weight)
+    if kernel is not None:
+        target = out if out.stride(1) == 1 else torch.empty_like(out, memory_format=torch.contiguous_format)
+        kernel.grouped_matmul(_rows_contiguous(x), [(0, rows)], [_rows_contiguous(weight)], target)
+        if target is not out:
+            out.copy_(target)
+        return out
     tile = row_tile(x.device)
     tile_product = _cuda_tile_product if x.device.type == "cuda" else _cpu_tile_product(weight)
     whole = rows - rows % tile
@@ -89,6 +101,31 @@ def linear_rows(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None 
         tile_product(padded, weight, result)
         out[whole:] = result[: rows - whole]
     return out
+
+
+def linear_row_spans(x: torch.Tensor, spans: Sequence[tuple[int, int]], weights: Sequence[torch.Tensor],
+                     out: torch.Tensor) -> torch.Tensor:
+    """`out[a:b] = x[a:b] @ w.T` for each span `(a, b)` and its weight `w` (a MoE chunk's expert-sorted rows), each
+    row as `linear_rows` computes it; on CUDA in half precision, one launch for all spans."""
+    kernel = _span_kernel(x, weights[0]) if weights and BATCH_INVARIANT else None
+    if kernel is not None and out.stride(1) == 1 and all(w.dtype == x.dtype for w in weights):
+        return kernel.grouped_matmul(_rows_contiguous(x), spans, [_rows_contiguous(w) for w in weights], out)
+    for (a, b), w in zip(spans, weights):
+        linear_rows(x[a:b], w, out=out[a:b])
+    return out
+
+
+def _span_kernel(x: torch.Tensor, weight: torch.Tensor):
+    """numerics/grouped_matmul_kernel.py where it serves this product (CUDA, half precision, Triton), else None.
+    The choice depends on the device and dtypes only, never on the rows: a row takes one path whatever its batch."""
+    if x.device.type != "cuda" or x.dtype != weight.dtype:
+        return None
+    kernel = triton_module("grouped_matmul_kernel")
+    return kernel if kernel is not None and x.dtype in kernel.SUPPORTED_DTYPES else None
+
+
+def _rows_contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
 
 
 def _cuda_tile_product(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> None:

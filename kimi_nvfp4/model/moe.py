@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from ..checkpoint.k2_config import K2Config
 from .layer_weights import MLPWeights, MoEWeights
-from .batch_invariant import linear_rows, pointwise_rows
+from .batch_invariant import linear_row_spans, linear_rows, pointwise_rows
 from .linear import Linear
 from .observer import Observer, expert_rows_observer, notify_linear
 
@@ -196,6 +196,29 @@ def _routed_loop(
     return out
 
 
+# Dequantized expert weights alive at once when a layer is not materialized (each expert's weight is decoded per
+# chunk): the experts of one grouped launch (batch_invariant.linear_row_spans). 512 MiB is ~17 K2.6 expert matrices
+# ([2048, 7168] bf16): a few dozen launches per chunk instead of one per expert, within the memory plan's headroom
+# (stage_kit/memory_estimate.py GPU_HEADROOM_BYTES).
+DEQUANTIZED_GROUP_BYTES = 512 * 2**20
+
+
+def _expert_products(x: torch.Tensor, spans: list[tuple[int, int, int]], linears: list[Linear],
+                     out: torch.Tensor) -> None:
+    """`out[a:b] = x[a:b] @ W_e^T` for each expert span, the experts' weights taken in groups: all at once when they
+    are held dequantized, else up to DEQUANTIZED_GROUP_BYTES of decoded weights per group."""
+    start = 0
+    while start < len(spans):
+        end, decoded = start, 0
+        while end < len(spans) and (end == start or decoded + linears[end].dequantized_bytes() <= DEQUANTIZED_GROUP_BYTES):
+            decoded += linears[end].dequantized_bytes()
+            end += 1
+        weights = [lin.weight() for lin in linears[start:end]]
+        linear_row_spans(x, [(a, b) for _, a, b in spans[start:end]], weights, out)
+        del weights
+        start = end
+
+
 def _routed_sorted(
     w: MoEWeights, x: torch.Tensor, xq: torch.Tensor | None, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
     *, layer: int, observer: Observer | None, need_output: bool,
@@ -235,17 +258,21 @@ def _routed_sorted(
     gate = rows_q.new_empty(n_rows, inter)
     up = rows_q.new_empty(n_rows, inter)
     gq = uq = None
-    for e, a, b in spans:
-        ex = w.experts[e]
-        gq = uq = rows_q[a:b]
-        if xq is None and ex.gate_proj.input_quantizer() is not None:
+    if xq is None and any(w.experts[e].gate_proj.input_quantizer() is not None for e, _, _ in spans):
+        for e, a, b in spans:
             # gate and up not sharing one scale across the layer (not so under SGLang's loaders)
+            ex = w.experts[e]
             gq = ex.gate_proj.quantize_input(rows[a:b])
             same = ex.up_proj.input_quantizer() is ex.gate_proj.input_quantizer()
             uq = gq if same else ex.up_proj.quantize_input(rows[a:b])
-        linear_rows(gq, ex.gate_proj.weight(), out=gate[a:b])
-        linear_rows(uq, ex.up_proj.weight(), out=up[a:b])
-        if batch is None and observer is not None:
+            linear_rows(gq, ex.gate_proj.weight(), out=gate[a:b])
+            linear_rows(uq, ex.up_proj.weight(), out=up[a:b])
+    else:
+        _expert_products(rows_q, spans, [w.experts[e].gate_proj for e, _, _ in spans], gate)
+        _expert_products(rows_q, spans, [w.experts[e].up_proj for e, _, _ in spans], up)
+    if batch is None and observer is not None:
+        for e, a, b in spans:
+            ex = w.experts[e]
             x_seen = rows[a:b] if rows is not None else None
             notify_linear(observer, layer, ex.gate_proj.module, x_seen, gate[a:b], e)
             notify_linear(observer, layer, ex.up_proj.module, x_seen, up[a:b], e)
@@ -269,9 +296,9 @@ def _routed_sorted(
     else:
         hq = torch.cat([d.quantize_input(h[a:b]) for (_, a, b), d in zip(spans, downs)])
     y = h.new_empty(n_rows, hidden)
-    for (e, a, b), down in zip(spans, downs):
-        linear_rows(hq[a:b], down.weight(), out=y[a:b])
-        if batch is None:
+    _expert_products(hq, spans, downs, y)
+    if batch is None:
+        for (e, a, b), down in zip(spans, downs):
             notify_linear(observer, layer, down.module, h[a:b], y[a:b], e)
     del h, hq
     if not need_output:

@@ -93,3 +93,19 @@ def test_switch_off_restores_the_plain_products(monkeypatch):
     x, w = torch.randn(37, 256), torch.randn(96, 256)
     assert torch.equal(linear_rows(x, w), F.linear(x, w))
     assert torch.equal(pointwise_rows(torch.sigmoid, x), torch.sigmoid(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_linear_row_spans_gives_each_row_what_linear_rows_gives_it(dtype, stage_device):
+    """A MoE chunk's expert spans in one call: every row as `linear_rows` computes it alone with its span's weight."""
+    from kimi_nvfp4.model.batch_invariant import linear_row_spans
+
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(300, 256, generator=gen).to(device=stage_device, dtype=dtype)
+    weights = [torch.randn(96, 256, generator=gen).to(device=stage_device, dtype=dtype) for _ in range(3)]
+    spans = [(0, 130), (130, 131), (131, 300)]
+    out = torch.full((300, 96), float("nan"), dtype=dtype, device=stage_device)
+    linear_row_spans(x, spans, weights, out)
+    for (a, b), w in zip(spans, weights):
+        for row in (a, b - 1, (a + b) // 2):
+            assert torch.equal(out[row], linear_rows(x[row : row + 1], w)[0])
