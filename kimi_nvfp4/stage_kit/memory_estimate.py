@@ -15,6 +15,7 @@ from ..checkpoint.k2_config import K2Config
 # Chunk-input-sized GPU buffers that host-resident states add (the transfers overlapped with compute: host_states.py).
 from ..model.host_states import HOST_TRANSFER_CHUNK_BUFFERS
 # Bytes per (token x hidden) value of one MLP/MoE chunk and per routed (token, expert) pair (model/runner.py).
+from ..model.moe import DEQUANTIZED_GROUP_BYTES
 from ..model.runner import CHUNK_BYTES_PER_VALUE, SORTED_BUFFERS_PER_PAIR
 from ..numerics.constants import INT4_GROUP_SIZE
 
@@ -177,6 +178,9 @@ def estimate(cfg: K2Config, *, stage: Stage, device: torch.device, dtype: torch.
                        else _calibrate_chunk_bytes(cfg, chunk, size.dtype_bytes, states_on_device=states_on_device,
                                                    observed_advance=observed_advance)) if on_gpu
         else _chunk_bytes(cfg, chunk, size.dtype_bytes),
+        # a layer not dequantized once decodes its experts per chunk, a group of them at a time for one grouped
+        # launch (moe.py `_expert_products`)
+        "experts_decoded_per_chunk": 0 if materialize else min(DEQUANTIZED_GROUP_BYTES, size.experts_materialized),
         # validate's amax baseline: its own routed experts beside the checkpoint's (validate/baseline.py), as
         # converted: nothing dequantizes them once (the runner materializes only the layers it loads, and validate
         # passes its plan's True/False, never "auto"), and the checkpoint's dequantized copies are dropped before the
@@ -203,8 +207,8 @@ def estimate(cfg: K2Config, *, stage: Stage, device: torch.device, dtype: torch.
     # validate's INT4 chunks hold every stream plus the INT4 input; calibrate's MoE chunks its one stream
     # (layer_loop.py: `states = attended` before the observe pass), its attention that stream plus the residual
     chunk_streams = streams + 1 if validating else streams
-    layer_phase = states_gpu(chunk_streams) + layers + comp["chunk_work"] + comp["baseline_experts"] \
-        + comp["host_transfer_buffers"]
+    layer_phase = states_gpu(chunk_streams) + layers + comp["chunk_work"] + comp["experts_decoded_per_chunk"] \
+        + comp["baseline_experts"] + comp["host_transfer_buffers"]
     attention_phase = 0 if validating else states_gpu(streams + 1) + layers
     baseline_phase = states_gpu(streams) + layers + comp["baseline_build"] + comp["baseline_experts"] \
         if baseline else 0

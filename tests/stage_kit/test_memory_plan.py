@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from kimi_nvfp4.checkpoint.k2_config import K2Config
 from kimi_nvfp4.cli import cli, main
 from kimi_nvfp4.errors import ResourceError
+from kimi_nvfp4.model.moe import DEQUANTIZED_GROUP_BYTES
 from kimi_nvfp4.stage_kit.memory_estimate import GIB, GPU_HEADROOM_BYTES, LayerSizes, _chunk_bytes, estimate
 from kimi_nvfp4.stage_kit.memory_plan import MemoryPlan, parse_bytes, plan_memory
 from kimi_nvfp4.synth.configs import deepseek_v3_text_config
@@ -146,7 +147,10 @@ def test_validate_counts_what_its_int4_stream_holds():
     assert comp["baseline_experts"] == size.experts_stored  # never dequantized
     assert "previous_layer_experts" not in comp  # freed with the layer (validate/streams.py _drop_dequantized_experts)
     assert comp["baseline_build"] == size.expert_values * 9 // 8 // 384  # one expert: int8 codes + fp32 scales per 32
-    assert gpu == 5 * stream + 2 * size.stored + size.experts_stored + comp["chunk_work"] + GPU_HEADROOM_BYTES
+    # not dequantized once: a group of experts is decoded for each grouped launch (moe.py _expert_products)
+    assert comp["experts_decoded_per_chunk"] == DEQUANTIZED_GROUP_BYTES
+    assert gpu == 5 * stream + 2 * size.stored + size.experts_stored + comp["chunk_work"] + DEQUANTIZED_GROUP_BYTES \
+        + GPU_HEADROOM_BYTES
     # dequantized layers: the prefetch thread dequantizes the next ones too (runner.py `_load`), the baseline never
     _gpu, _host, mat = _estimate(materialize=True, prefetch=True)
     assert mat["next_layers_prefetched"] == 2 * (size.stored + size.experts_materialized)
@@ -161,7 +165,7 @@ def test_the_baseline_conversion_is_not_validates_peak_even_on_few_tokens():
     tokens = 8 * 2048
     gpu, _host, comp = _estimate(tokens=tokens, chunk=65536, prefetch=True)
     assert gpu == 5 * tokens * 7168 * 2 + 4 * size.stored + size.experts_stored + comp["chunk_work"] \
-        + GPU_HEADROOM_BYTES
+        + comp["experts_decoded_per_chunk"] + GPU_HEADROOM_BYTES
 
 
 def test_validate_logits_count_every_stream():
