@@ -13,7 +13,6 @@ from ..checkpoint.reader import CheckpointReader
 from ..stage_kit.device import resolve_dtype
 from ..stage_kit.expert_solve_plan import ExpertSolvePlan, method_reserve_bytes, plan_expert_solve
 from ..stage_kit.memory_plan import MemoryPlan, plan_stage, planning_device, rank_tokens
-from .expert_stats import ExpertStatsMode
 from .options import CalibrateOptions
 
 
@@ -22,11 +21,8 @@ def calibration_plan(cfg: K2Config, opts: CalibrateOptions, device: torch.device
     """With `--method`, the layer loop's plan leaves room for the method's statistics and solve, which
     `method_solve_plan` then sizes from what is left (stage_kit/expert_solve_plan.py)."""
     reserve = 0 if opts.method is None else method_reserve_bytes(cfg, device, dense=_dense(opts))
-    # `--expert-stats w4a4` observes the advance pass (expert_stats_hook.py `advance_observer`); `--method`'s hook
-    # never does (fused_method.py `advance_observer` returns None)
-    observed_advance = opts.expert_stats is ExpertStatsMode.W4A4
     return plan_stage(cfg, opts, stage="calibrate", device=device, dtype=dtype, tokens=tokens, streams=1, sources=1,
-                      reserve_bytes=reserve, observed_advance=observed_advance)
+                      reserve_bytes=reserve)
 
 
 def _dense(opts: CalibrateOptions) -> bool:

@@ -106,37 +106,9 @@ def _validate_chunk_bytes(cfg: K2Config, tokens: int, dtype_bytes: int) -> int:
     return int(per_value * tokens * cfg.hidden_size)
 
 
-def _calibrate_chunk_bytes(cfg: K2Config, tokens: int, dtype_bytes: int, *, states_on_device: bool,
-                           observed_advance: bool) -> int:
-    """Peak working memory of one MoE chunk of calibrate on CUDA: its advance pass (W4A4, with output), which holds
-    more than its observe pass (W4A16, statistics only: no quantized copy, no down_proj, no combine -- moe.py returns
-    after the SwiGLU for an observer with `needs_outputs = False`). Activations are quantized with the fused kernel,
-    which leaves no temporaries (model/linear.py). Per (token x hidden) value of the chunk:
-    - the chunk input (`x = torch.cat(...)` in `LayerStreamRunner.feed_forward`), the normed input (`normed` in
-      `mlp_block`, `x` in `moe`) and its quantized copy (`xq` in `moe`, bound until `moe` returns): 3 values; with the
-      states on the GPU also the previous chunk's output (bound to `y` in `feed_forward` until the next `mlp_block`
-      returns; `_feed_forward_host` deletes it, its download is one of HOST_TRANSFER_CHUNK_BUFFERS);
-    - `observed_advance` (`--expert-stats w4a4`: expert_stats_hook.py `advance_observer` gives the advance pass an
-      `ExpertStatsObserver`, which takes no expert-sorted buffer): the sorted rows `rows = x[tokens]` in moe.py
-      `_routed_sorted`, kept by the observer's view `x_seen = rows[a:b]` until the function returns: k values;
-    - then the largest of (moe.py `_routed_sorted`): the quantized sorted rows `rows_q = xq[tokens]` [T*k, hidden]
-      with gate and up [T*k, inter] (`del rows, rows_q, gq, uq` frees them before the SwiGLU); gate, up, the
-      SwiGLU's temporary and h (4 buffers [T*k, inter]); h, its quantized copy `hq` and the expert outputs `y`
-      [T*k, hidden]; `y` and the fp32 combine (`out = out + y[...].to(float32) * w`: `out`, the upcast rows and
-      their weighted copy, 3 x 4 bytes).
-    At K2.6's top-8 in bf16: 36 bytes per value with the states on the GPU (the shared `_chunk_bytes`: 88)."""
-    b, k = dtype_bytes, cfg.num_experts_per_tok
-    inter = k * cfg.moe_intermediate_size * b / cfg.hidden_size  # one [T*k, inter] buffer, per (token x hidden)
-    rows = k * b
-    held = (3 + (1 if states_on_device else 0)) * b + (rows if observed_advance else 0)
-    per_value = held + max(rows + 2 * inter, 4 * inter, 2 * inter + rows, rows + 3 * 4)
-    return int(per_value * tokens * cfg.hidden_size)
-
-
 def estimate(cfg: K2Config, *, stage: Stage, device: torch.device, dtype: torch.dtype, tokens: int, seq_len: int,
              streams: int, sources: int, states_on_device: bool, chunk_tokens: int, materialize: bool,
-             prefetch: bool, baseline: bool = False, observed_advance: bool = False
-             ) -> tuple[int | None, int, dict[str, int]]:
+             prefetch: bool, baseline: bool = False) -> tuple[int | None, int, dict[str, int]]:
     """(peak GPU bytes or None on CPU, peak host bytes, components) of one configuration.
 
     Validate's terms are what validate/streams.py keeps alive at the same time in a MoE layer with a MoE layer before
@@ -147,16 +119,7 @@ def estimate(cfg: K2Config, *, stage: Stage, device: torch.device, dtype: torch.
     - the amax baseline's conversion (`baseline_layer`, before the INT4 stream): the layers, one routed expert
       unpacked (int8 codes and fp32 group scales of its `Int4Matrix`es; the experts are converted one at a time) and
       the NVFP4 tensors made so far;
-    - the logits after the last layer: every stream (not one more), the heads and one sequence's logits work.
-
-    Calibrate's are what calibrate/layer_loop.py `run_calibration` keeps alive in a MoE layer with a MoE layer after
-    it, the larger of two moments:
-    - its MoE chunks (observe, then advance): its one stream -- `states = attended` drops the layer input before the
-      observe pass and `feed_forward` writes into `attended` in place --, the layer and the next one prefetched,
-      both dequantized when `materialize` (runner.py `_load` materializes the prefetched layer too), and the advance
-      pass's chunk (`_calibrate_chunk_bytes`; `observed_advance`: `--expert-stats w4a4` observes it);
-    - its attention (`runner.attend` returns new tensors while `states` still holds the layer input): the stream
-      plus the post-attention residual, and the layers; attention's per-sequence blocks are GPU_HEADROOM_BYTES'."""
+    - the logits after the last layer: every stream (not one more), the heads and one sequence's logits work."""
     size = LayerSizes(cfg, torch.empty((), dtype=dtype).element_size())
     stream = tokens * cfg.hidden_size * size.dtype_bytes
     chunk = min(chunk_tokens, max(tokens, 1))
@@ -167,16 +130,13 @@ def estimate(cfg: K2Config, *, stage: Stage, device: torch.device, dtype: torch.
         # every stream, and the post-attention residual of the one being stepped
         "hidden_states": (streams + 1) * stream,
         "layers_stored": sources * size.stored,
-        # the prefetch thread dequantizes the next layers as it loads them (runner.py `_load`, `w.materialize()` when
-        # `materialize_layers is True`: validate and calibrate pass their plan's True/False)
-        "next_layers_prefetched": sources * (size.stored + dequantized) if prefetch else 0,
+        # the prefetch thread dequantizes the next layers as it loads them (runner.py `_load`): counted for validate;
+        # calibrate's accounting is left as measured (docs/benchmarks.md §16), its other terms count more than it holds
+        "next_layers_prefetched": sources * (size.stored + (dequantized if validating else 0)) if prefetch else 0,
         # validate dequantizes the INT4 layer and the NVFP4 layer; calibrate its one layer
         "layers_dequantized": sources * dequantized,
-        # on CUDA: what validate's INT4 stream's chunk / calibrate's advance chunk holds; elsewhere the shared count
-        # (reference quantizer)
-        "chunk_work": (_validate_chunk_bytes(cfg, chunk, size.dtype_bytes) if validating
-                       else _calibrate_chunk_bytes(cfg, chunk, size.dtype_bytes, states_on_device=states_on_device,
-                                                   observed_advance=observed_advance)) if on_gpu
+        # validate on CUDA: what its INT4 stream's chunk holds; elsewhere the shared count (reference quantizer)
+        "chunk_work": _validate_chunk_bytes(cfg, chunk, size.dtype_bytes) if validating and on_gpu
         else _chunk_bytes(cfg, chunk, size.dtype_bytes),
         # a layer not dequantized once decodes its experts per chunk, a group of them at a time for one grouped
         # launch (moe.py `_expert_products`)
@@ -204,12 +164,8 @@ def estimate(cfg: K2Config, *, stage: Stage, device: torch.device, dtype: torch.
     comp["host_transfer_buffers"] = 0 if states_on_device or not on_gpu \
         else HOST_TRANSFER_CHUNK_BUFFERS * chunk * cfg.hidden_size * size.dtype_bytes
     layers = comp["layers_stored"] + comp["next_layers_prefetched"] + comp["layers_dequantized"]
-    # validate's INT4 chunks hold every stream plus the INT4 input; calibrate's MoE chunks its one stream
-    # (layer_loop.py: `states = attended` before the observe pass), its attention that stream plus the residual
-    chunk_streams = streams + 1 if validating else streams
-    layer_phase = states_gpu(chunk_streams) + layers + comp["chunk_work"] + comp["experts_decoded_per_chunk"] \
+    layer_phase = states_gpu(streams + 1) + layers + comp["chunk_work"] + comp["experts_decoded_per_chunk"] \
         + comp["baseline_experts"] + comp["host_transfer_buffers"]
-    attention_phase = 0 if validating else states_gpu(streams + 1) + layers
     baseline_phase = states_gpu(streams) + layers + comp["baseline_build"] + comp["baseline_experts"] \
         if baseline else 0
     logits_phase = states_gpu(streams) + comp["logits_work"]
@@ -217,11 +173,11 @@ def estimate(cfg: K2Config, *, stage: Stage, device: torch.device, dtype: torch.
     host_states = 0 if states_on_device else comp["hidden_states"]
     if on_gpu:
         comp["gpu_headroom"] = GPU_HEADROOM_BYTES
-        gpu = max(layer_phase, baseline_phase, logits_phase, attention_phase) + GPU_HEADROOM_BYTES
+        gpu = max(layer_phase, baseline_phase, logits_phase) + GPU_HEADROOM_BYTES
         # layers are read into host memory before the upload (one per source, two while prefetching)
         host = host_states + embed + (2 if prefetch else 1) * comp["layers_stored"] + HOST_HEADROOM_BYTES
         return gpu, host, comp
-    host = max(layer_phase, baseline_phase, logits_phase, attention_phase) + embed + HOST_HEADROOM_BYTES
+    host = max(layer_phase, baseline_phase, logits_phase) + embed + HOST_HEADROOM_BYTES
     return None, host, comp
 
 

@@ -4,11 +4,9 @@ A model stage holds, besides one decoder layer at a time, every sequence's hidde
 (calibrate: one; validate: INT4, one per NVFP4 mode, and the amax baseline), plus one more while a layer runs (the
 post-attention residual). Validate's estimate is the largest of three moments of a MoE layer, each counted from what
 validate/streams.py keeps alive then (memory_estimate.py `estimate`): the INT4 stream's MoE chunks, the amax
-baseline's conversion, and the logits after the last layer; calibrate's the larger of two, counted from
-calibrate/layer_loop.py: its MoE chunks (one stream) and its attention (the stream and the residual). At Kimi K2.6's
-defaults (512 x 2048 tokens, hidden 7168, bf16) a stream is 14 GiB, a layer's routed experts 8.9 GiB as stored and
-31.5 GiB decoded, a 65,536-token MoE chunk ~38.5 GiB of working memory by the shared count (~22 GiB as validate's
-INT4 stream holds it, ~16 GiB as calibrate's advance pass does). What fits depends on the
+baseline's conversion, and the logits after the last layer. At Kimi K2.6's defaults (512 x 2048 tokens, hidden 7168,
+bf16) a stream is 14 GiB, a layer's routed experts 8.9 GiB as stored and 31.5 GiB decoded, a 65,536-token MoE chunk
+~41 GiB of working memory by the shared count (~22 GiB as validate's INT4 stream holds it). What fits depends on the
 GPU and on the other jobs sharing it, so nothing here is a constant: the plan is made from the memory the stage may
 use (the GPU's free memory or a `--gpu-memory` cap; the host's available RAM) and from the checkpoint's config, and
 it decides, in this order of what gives way first:
@@ -127,13 +125,12 @@ def host_budget(cap: int | None) -> int:
 def plan_memory(cfg: K2Config, *, stage: Stage, device: torch.device, dtype: torch.dtype, tokens: int, seq_len: int,
                 streams: int, sources: int, gpu_memory: int | None = None, host_memory: int | None = None,
                 chunk_tokens: int | None = None, states_device: str | None = None, default_chunk_tokens: int,
-                baseline: bool = False, reserve_bytes: int = 0, observed_advance: bool = False) -> MemoryPlan:
+                baseline: bool = False, reserve_bytes: int = 0) -> MemoryPlan:
     """The plan for a model stage over `tokens` tokens (this rank's) in `streams` hidden-state streams, reading
     `sources` checkpoints per layer. `chunk_tokens` / `states_device`: the user's explicit settings (kept, or
     refused with what would fit). `reserve_bytes`: left free on the compute device (GPU, else host) for what the
     stage adds beside its layer loop (calibrate --method's statistics, stage_kit/expert_solve_plan.py).
-    `observed_advance`: calibrate's advance pass has an observer (`--expert-stats w4a4`; see memory_estimate.py
-    `estimate`). Raises ResourceError when nothing fits."""
+    Raises ResourceError when nothing fits."""
     on_gpu = device.type == "cuda"
     gpu_cap = gpu_budget(device, gpu_memory) if on_gpu else None
     host_cap = host_budget(host_memory)
@@ -144,8 +141,7 @@ def plan_memory(cfg: K2Config, *, stage: Stage, device: torch.device, dtype: tor
                                                                 default_chunk_tokens):
         gpu, host, comp = estimate(cfg, stage=stage, device=device, dtype=dtype, tokens=tokens, seq_len=seq_len,
                                    streams=streams, sources=sources, states_on_device=on_device, chunk_tokens=chunk,
-                                   materialize=materialize, prefetch=prefetch, baseline=baseline,
-                                   observed_advance=observed_advance)
+                                   materialize=materialize, prefetch=prefetch, baseline=baseline)
         tried.append((on_device, chunk, gpu, host))
         if host <= host_fit and (gpu is None or gpu <= gpu_fit):
             return MemoryPlan(
@@ -157,7 +153,7 @@ def plan_memory(cfg: K2Config, *, stage: Stage, device: torch.device, dtype: tor
                 snapshot_bytes=streams * tokens * cfg.hidden_size * torch.empty((), dtype=dtype).element_size())
     raise ResourceError(_refusal(stage, device, tokens, streams, gpu_cap, host_cap, tried, chunk_tokens,
                                  states_device, cfg, dtype, seq_len, sources, gpu_memory, host_memory,
-                                 default_chunk_tokens, baseline, observed_advance))
+                                 default_chunk_tokens, baseline))
 
 
 def _candidates(device: torch.device, sources: int, chunk_tokens: int | None, states_device: str | None,
@@ -191,8 +187,7 @@ def _halvings(start: int) -> list[int]:
 
 
 def _refusal(stage, device, tokens, streams, gpu_cap, host_cap, tried, chunk_tokens, states_device, cfg, dtype,
-             seq_len, sources, gpu_memory, host_memory, default_chunk_tokens, baseline,
-             observed_advance=False) -> str:
+             seq_len, sources, gpu_memory, host_memory, default_chunk_tokens, baseline) -> str:
     smallest = min(tried, key=lambda t: (t[2] or 0) + t[3])
     need = (f"at least ~{format_bytes(smallest[2])} of GPU memory (budget {format_bytes(gpu_cap)}) and "
             if smallest[2] is not None else "") + f"~{format_bytes(smallest[3])} of host memory " \
@@ -202,8 +197,7 @@ def _refusal(stage, device, tokens, streams, gpu_cap, host_cap, tried, chunk_tok
         try:
             fallback = plan_memory(cfg, stage=stage, device=device, dtype=dtype, tokens=tokens, seq_len=seq_len,
                                    streams=streams, sources=sources, gpu_memory=gpu_memory, host_memory=host_memory,
-                                   default_chunk_tokens=default_chunk_tokens, baseline=baseline,
-                                   observed_advance=observed_advance)
+                                   default_chunk_tokens=default_chunk_tokens, baseline=baseline)
             advice.append(f"without the explicit setting it fits: --max-chunk-tokens {fallback.chunk_tokens} "
                           f"--states-device {fallback.states_device}")
         except ResourceError:
@@ -301,14 +295,13 @@ def default_chunk_tokens(device: torch.device) -> int:
 
 
 def plan_stage(cfg: K2Config, opts, *, stage: Stage, device: torch.device, dtype: torch.dtype, tokens: int,
-               streams: int, sources: int, baseline: bool = False, reserve_bytes: int = 0,
-               observed_advance: bool = False) -> MemoryPlan:
+               streams: int, sources: int, baseline: bool = False, reserve_bytes: int = 0) -> MemoryPlan:
     """The plan for a stage's options model (`gpu_memory`, `max_chunk_tokens`, `states_device`, `seq_len`)."""
     return plan_memory(cfg, stage=stage, device=device, dtype=dtype, tokens=tokens, seq_len=opts.seq_len,
                        streams=streams, sources=sources, gpu_memory=opts.gpu_memory,
                        chunk_tokens=opts.max_chunk_tokens, states_device=opts.states_device,
                        default_chunk_tokens=default_chunk_tokens(device), baseline=baseline,
-                       reserve_bytes=reserve_bytes, observed_advance=observed_advance)
+                       reserve_bytes=reserve_bytes)
 
 
 def planning_device(name: str) -> torch.device:
