@@ -23,6 +23,8 @@
 #   fused-gptq-k26       calibrate --method gptq on one 384-expert K2.6 layer at 512 x 2048 (expert groups, the solve),
 #                        per-phase seconds logged as each layer ends (\$FUSED_ARGS adds options, e.g. --skip-plain)
 #   refine-phases        the gptq solve batch's phases (search, Hessians, solver, guard) at K2.6 shapes
+#   moe-chunk            GPU tests, one 65,536-token chunk of a 384-expert layer profiled per kernel, then calibrate and
+#                        validate at 512 x 2048 with each MoE layer's phase seconds (docs/benchmarks.md §19)
 set -u
 part=$1; out=${2:-/tmp/gpu_suite}; mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -171,6 +173,13 @@ case $part in
     step refine_phases 240 python3 -m bench.profile.refine_phases --device cuda --experts 13 --json "$out/refine_phases.json"
     step gptq_gate_up 90 python3 -m bench.profile.gptq --device cuda --experts 13 --kind gate_up --no-profile \
       --json "$out/profile_gptq_gate_up.json"
+    ;;
+  moe-chunk)
+    step gpu_tests 220 python3 -m bench.quality.gpu_tests --json "$out/gpu_tests.json" -- tests
+    step moe_chunk 120 python3 -m bench.profile.moe_chunk --device cuda --experts 384 --tokens 65536 --repeats 2 \
+      --json "$out/moe_chunk_k26.json"
+    step memory_plan_phases 250 python3 -m bench.profile.memory_plan --work-dir /tmp/kimi_plan --case validate:512 \
+      --case calibrate:512 --json "$out/memory_plan_phases.json"
     ;;
   *)
     echo "unknown part: $part (see the list at the top of bench/gpu_suite.sh)" >&2; exit 2
