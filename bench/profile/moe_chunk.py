@@ -26,6 +26,7 @@ from bench.harness.synthetic_layer import MODES, synthetic_moe_layer
 from kimi_nvfp4.checkpoint.k2_config import K2Config
 from kimi_nvfp4.model import batch_invariant
 from kimi_nvfp4.model.decoder import mlp_block
+from kimi_nvfp4.stage_kit.device import synchronize
 from kimi_nvfp4.synth.configs import deepseek_v3_text_config
 
 TOP_KERNELS = 25
@@ -41,18 +42,13 @@ def chunk_flops(cfg: K2Config, tokens: int) -> float:
     return tokens * (cfg.num_experts_per_tok * per_expert + shared + router)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _timed(fn, device, repeats: int) -> list[float]:
     times = []
     for _ in range(repeats):
-        _sync(device)
+        synchronize(device)
         t = time.perf_counter()
         fn()
-        _sync(device)
+        synchronize(device)
         times.append(time.perf_counter() - t)
     return times
 
@@ -66,9 +62,20 @@ def _kernels(prof, key: str) -> list[dict]:
     return rows
 
 
+def _run_chunk(cfg: K2Config, w, x: torch.Tensor, device: torch.device, repeats: int):
+    """(seconds of each timed call, the profiler of one more call) for `mlp_block` over the chunk `x`."""
+    with torch.no_grad():
+        mlp_block(cfg, w, x[: min(x.shape[0], 512)])  # warm-up: kernels, cuBLAS handles
+        times = _timed(lambda: mlp_block(cfg, w, x), device, repeats)
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        with profile(activities=acts) as prof:
+            mlp_block(cfg, w, x)
+            synchronize(device)
+    return times, prof
+
+
 def measure(device: torch.device, mode: str, materialize: bool, experts: int, tokens: int, repeats: int,
             invariant: bool = True) -> dict:
-    batch_invariant.BATCH_INVARIANT = invariant
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     cfg = K2Config.from_dict(deepseek_v3_text_config("k2.6", layers=2, experts=experts))
     w = synthetic_moe_layer(cfg, mode, device, dtype=dtype)
@@ -76,25 +83,23 @@ def measure(device: torch.device, mode: str, materialize: bool, experts: int, to
         w.materialize()
     g = torch.Generator().manual_seed(0)
     x = torch.randn(tokens, cfg.hidden_size, generator=g).to(device=device, dtype=dtype)
-    with torch.no_grad():
-        mlp_block(cfg, w, x[: min(tokens, 512)])  # warm-up: kernels, cuBLAS handles
-        times = _timed(lambda: mlp_block(cfg, w, x), device, repeats)
-        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-        with profile(activities=acts) as prof:
-            mlp_block(cfg, w, x)
-            _sync(device)
+    before, batch_invariant.BATCH_INVARIANT = batch_invariant.BATCH_INVARIANT, invariant
+    try:
+        times, prof = _run_chunk(cfg, w, x, device, repeats)
+    finally:
+        batch_invariant.BATCH_INVARIANT = before
     seconds = sorted(times)[len(times) // 2]
     flops = chunk_flops(cfg, tokens)
     key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     kernels = _kernels(prof, key)
     device_total = sum(getattr(e, key) for e in prof.key_averages()) / 1e6
-    batch_invariant.BATCH_INVARIANT = True
-    row = {"mode": mode, "materialized": materialize, "invariant": invariant, "experts": experts, "tokens": tokens, "dtype": str(dtype),
-           "seconds": seconds, "seconds_each": times, "matmul_tflop": flops / 1e12,
+    row = {"mode": mode, "materialized": materialize, "invariant": invariant, "experts": experts, "tokens": tokens,
+           "dtype": str(dtype), "seconds": seconds, "seconds_each": times, "matmul_tflop": flops / 1e12,
            "fraction_of_bf16_peak": flops / seconds / H200_BF16_FLOPS if device.type == "cuda" else None,
            "profiled_device_seconds": device_total, "kernels": kernels}
-    print(f"{mode:12s} materialized={materialize!s:5s} invariant={invariant!s:5s} {seconds:7.3f} s  ({flops / 1e12:.1f} TFLOP, "
-          f"{flops / seconds / 1e12:.0f} TFLOP/s)  device total {device_total:.3f} s", flush=True)
+    print(f"{mode:12s} materialized={materialize!s:5s} invariant={invariant!s:5s} {seconds:7.3f} s  "
+          f"({flops / 1e12:.1f} TFLOP, {flops / seconds / 1e12:.0f} TFLOP/s)  device total {device_total:.3f} s",
+          flush=True)
     for k in kernels[:12]:
         print(f"    {k['ms']:9.1f} ms  {k['calls']:6d}x  {k['name'][:110]}")
     return row

@@ -207,16 +207,18 @@ def _expert_products(x: torch.Tensor, spans: list[tuple[int, int, int]], linears
                      out: torch.Tensor) -> None:
     """`out[a:b] = x[a:b] @ W_e^T` for each expert span, the experts' weights taken in groups: all at once when they
     are held dequantized, else up to DEQUANTIZED_GROUP_BYTES of decoded weights per group."""
-    start = 0
-    while start < len(spans):
-        end, decoded = start, 0
-        while end < len(spans) and (end == start or decoded + linears[end].dequantized_bytes() <= DEQUANTIZED_GROUP_BYTES):
-            decoded += linears[end].dequantized_bytes()
-            end += 1
-        weights = [lin.weight() for lin in linears[start:end]]
-        linear_row_spans(x, [(a, b) for _, a, b in spans[start:end]], weights, out)
+    groups, decoded = [[]], 0
+    for span, lin in zip(spans, linears):
+        size = lin.dequantized_bytes()
+        if groups[-1] and decoded + size > DEQUANTIZED_GROUP_BYTES:
+            groups.append([])
+            decoded = 0
+        groups[-1].append((span, lin))
+        decoded += size
+    for group in groups:
+        weights = [lin.weight() for _, lin in group]
+        linear_row_spans(x, [(a, b) for (_, a, b), _ in group], weights, out)
         del weights
-        start = end
 
 
 def _routed_sorted(

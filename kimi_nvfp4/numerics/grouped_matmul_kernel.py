@@ -13,7 +13,7 @@ row tile next to each other, so a row tile is read from L2 while its columns are
 
 Not bit-identical to cuBLAS (another kernel, another order inside each K step); identical across batches, chunks,
 ranks and runs on one GPU type, which is what the stages need. fp32 inputs are not taken here (tl.dot would round
-them to TF32): `supports` says which calls this kernel serves.
+them to TF32): batch_invariant.py `_span_kernel` sends only SUPPORTED_DTYPES.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["SUPPORTED_DTYPES", "grouped_matmul", "supports"]
+__all__ = ["SUPPORTED_DTYPES", "grouped_matmul"]
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 # One configuration for every shape (see the module docstring: a shape-dependent choice would make a row's bits
@@ -62,12 +62,6 @@ def _span_matmul(x_ptr, out_ptr, weight_ptrs, tile_span, tile_row, span_end, n_o
         acc = tl.dot(a, b, acc)
     out = out_ptr + rows[:, None].to(tl.int64) * stride_out + cols[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
-
-
-def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `grouped_matmul` serves `x @ weight.T`: half-precision inputs of one dtype, rows contiguous."""
-    return (x.dtype in SUPPORTED_DTYPES and weight.dtype == x.dtype and x.dim() == 2 and weight.dim() == 2
-            and x.stride(1) == 1 and weight.stride(1) == 1)
 
 
 def grouped_matmul(x: torch.Tensor, spans: Sequence[tuple[int, int]], weights: Sequence[torch.Tensor],

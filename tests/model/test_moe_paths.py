@@ -78,3 +78,19 @@ def test_unknown_path_is_refused(tiny_src):
     assert "sorted" in EXPERT_PATHS
     with pytest.raises(ValueError, match="expert_path"):
         moe(cfg, w.mlp, x, layer=layer, expert_path="dense")
+
+
+@pytest.mark.parametrize("experts_per_group", [1, 3])
+def test_sorted_path_gives_the_same_bytes_whatever_the_decoded_group(experts_per_group, monkeypatch, tiny_src):
+    """Experts decoded per chunk run in groups of at most DEQUANTIZED_GROUP_BYTES (moe._expert_products): groups of
+    one expert, or of three (the layer's experts then split unevenly), give what the reference loop gives."""
+    from kimi_nvfp4.model import moe as moe_module
+
+    source = Int4SourceWeights(CheckpointReader(tiny_src))
+    cfg, layer, w, x = _layer(source, torch.float32)
+    expert_bytes = w.mlp.experts[0].gate_proj.dequantized_bytes()
+    assert expert_bytes > 0 and len(w.mlp.experts) > 3  # decoded per call, more experts than a group
+    y_ref, _ = _run(cfg, layer, w, x, "loop")
+    monkeypatch.setattr(moe_module, "DEQUANTIZED_GROUP_BYTES", experts_per_group * expert_bytes)
+    y_new, _ = _run(cfg, layer, w, x, "sorted")
+    assert torch.equal(y_ref, y_new)
